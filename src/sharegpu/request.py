@@ -1,0 +1,275 @@
+"""What a pod asks for, parsed from a Kubernetes pod object, and every validation rule of SPEC §2.
+
+A :class:`PodRequest` is the core's view of a pod: the per-container GPU requests the placement
+code works with. Clusters express GPU memory in GiB; the simulator uses the same fields with
+milli-GPU units (a GPU of 1000 units), so one core serves both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from . import names
+from .errors import ValidationError
+
+
+class Kind(StrEnum):
+    """The kind of GPU a pod needs; one node mode serves each kind."""
+
+    NONE = "none"  # no GPU
+    SHARED = "shared"  # gpu-mem only
+    SHARED_CORE = "shared-core"  # gpu-mem + gpu-core.percentage
+    EXCLUSIVE = "exclusive"  # nvidia.com/gpu whole cards
+    TOPOLOGY = "topology"  # aliyun.com/gpu whole cards, best-connected set
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerRequest:
+    """One container's GPU request.
+
+    ``gpu_mem`` and ``gpu_core`` are per GPU; ``gpus`` is how many GPUs the container spans
+    (``aliyun.com/gpu-count`` for shared requests, the card count for whole cards).
+    """
+
+    index: int
+    name: str = ""
+    gpu_mem: int = 0
+    gpu_core: int = 0
+    gpus: int = 1
+    whole: bool = False
+
+    @property
+    def total_mem(self) -> int:
+        return self.gpu_mem * self.gpus
+
+
+@dataclass(frozen=True, slots=True)
+class PodRequest:
+    """A pod's GPU request plus the host resources the simulator checks (a cluster leaves those
+    to kube-scheduler and sets them to 0)."""
+
+    namespace: str
+    name: str
+    kind: Kind
+    containers: tuple[ContainerRequest, ...] = ()
+    uid: str = ""
+    cpu_milli: int = 0
+    mem_mib: int = 0
+    models: frozenset[str] | None = None
+    labels: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def wants_gpu(self) -> bool:
+        return self.kind is not Kind.NONE
+
+    @property
+    def total_mem(self) -> int:
+        return sum(c.total_mem for c in self.containers)
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(c.gpus for c in self.containers)
+
+
+# ---------------------------------------------------------------------------------------------
+# rules (the text of each is part of the contract: tests and the admission webhook use it)
+
+RULE_MEM = "must be a whole number of GiB, at least 1"
+RULE_CORE = "must be a multiple of 5 between 5 and 100"
+RULE_CORE_NEEDS_MEM = f"needs {names.RES_GPU_MEM} in the same container"
+RULE_CARDS = "must be a whole number of GPUs, at least 1"
+RULE_COUNT_LABEL = "must be a whole number of GPUs, at least 1"
+RULE_COUNT_NEEDS_MEM = f"needs a container that asks for {names.RES_GPU_MEM}"
+RULE_COUNT_DIVIDES = "must divide {resource} of every container (each GPU gets gpu-mem / gpu-count GiB)"
+RULE_NO_MIX_CONTAINER = "cannot be asked for together with {other} in one container"
+RULE_NO_MIX_POD = "cannot be mixed with {other} in one pod: a node runs one GPU mode"
+RULE_NO_MIX_CORE = (
+    f"containers that ask for {names.RES_GPU_MEM} only and containers that also ask for "
+    f"{names.RES_GPU_CORE} cannot run in one pod (a node cannot mix them)"
+)
+RULE_REQ_EQ_LIMIT = "requests must equal limits for GPU resources"
+RULE_NODE_RESOURCE = (
+    f"is a node resource; set the pod label {names.POD_LABEL_GPU_COUNT} to spread gpu-mem over GPUs"
+)
+RULE_INIT_CONTAINER = "GPU resources are not supported in init containers"
+RULE_NO_CONTAINERS = "a pod needs at least one container"
+
+
+def parse_whole(field_name: str, value: Any, *, minimum: int = 1) -> int:
+    """A non-negative whole number from a Kubernetes quantity (int or plain decimal string)."""
+    rule = RULE_MEM if minimum >= 1 else "must be a whole number, at least 0"
+    if isinstance(value, bool):
+        raise ValidationError(field_name, value, rule)
+    if isinstance(value, int):
+        n = value
+    elif isinstance(value, float) and value.is_integer():
+        n = int(value)
+    elif isinstance(value, str) and value.strip().lstrip("+").isdigit():
+        n = int(value.strip())
+    else:
+        raise ValidationError(field_name, value, rule)
+    if n < minimum:
+        raise ValidationError(field_name, value, rule)
+    return n
+
+
+def _resources(container: Mapping[str, Any], path: str) -> dict[str, tuple[str, Any]]:
+    """GPU resources of a container: name -> (field path, raw value). Limits win; requests that
+    disagree with limits are refused."""
+    res = container.get("resources") or {}
+    limits = res.get("limits") or {}
+    requests = res.get("requests") or {}
+    if not isinstance(limits, Mapping) or not isinstance(requests, Mapping):
+        raise ValidationError(f"{path}.resources", res, "limits and requests must be maps")
+    out: dict[str, tuple[str, Any]] = {}
+    for r in names.ALL_GPU_RESOURCES:
+        if r in limits:
+            if r in requests and str(requests[r]) != str(limits[r]):
+                raise ValidationError(
+                    f'{path}.resources.requests["{r}"]', requests[r], RULE_REQ_EQ_LIMIT
+                )
+            out[r] = (f'{path}.resources.limits["{r}"]', limits[r])
+        elif r in requests:
+            out[r] = (f'{path}.resources.requests["{r}"]', requests[r])
+    return out
+
+
+def _container(
+    index: int, container: Mapping[str, Any], gpu_count: int | None
+) -> tuple[Kind, ContainerRequest | None]:
+    path = f"spec.containers[{index}]"
+    name = str(container.get("name", ""))
+    res = _resources(container, path)
+
+    if names.RES_GPU_COUNT in res:
+        f, v = res[names.RES_GPU_COUNT]
+        raise ValidationError(f, v, RULE_NODE_RESOURCE)
+
+    values: dict[str, int] = {}
+    for r, (f, v) in res.items():
+        if r == names.RES_GPU_MEM:
+            values[r] = parse_whole(f, v, minimum=1)
+        elif r == names.RES_GPU_CORE:
+            n = _parse_core(f, v)
+            values[r] = n
+        else:
+            n = parse_whole(f, v, minimum=0)
+            if n == 0:
+                continue  # zero whole cards is no request
+            values[r] = n
+
+    present = [r for r in (names.RES_NVIDIA_GPU, names.RES_TOPOLOGY_GPU) if r in values]
+    shared = [r for r in (names.RES_GPU_MEM, names.RES_GPU_CORE) if r in values]
+    if present and shared:
+        f, v = res[shared[0]]
+        raise ValidationError(f, v, RULE_NO_MIX_CONTAINER.format(other=present[0]))
+    if len(present) == 2:
+        f, v = res[present[1]]
+        raise ValidationError(f, v, RULE_NO_MIX_CONTAINER.format(other=present[0]))
+    if names.RES_GPU_CORE in values and names.RES_GPU_MEM not in values:
+        f, v = res[names.RES_GPU_CORE]
+        raise ValidationError(f, v, RULE_CORE_NEEDS_MEM)
+
+    if names.RES_NVIDIA_GPU in values:
+        n = values[names.RES_NVIDIA_GPU]
+        return Kind.EXCLUSIVE, ContainerRequest(index, name, gpus=n, whole=True)
+    if names.RES_TOPOLOGY_GPU in values:
+        n = values[names.RES_TOPOLOGY_GPU]
+        return Kind.TOPOLOGY, ContainerRequest(index, name, gpus=n, whole=True)
+    if names.RES_GPU_MEM in values:
+        mem = values[names.RES_GPU_MEM]
+        k = gpu_count or 1
+        if mem % k:
+            f, v = res[names.RES_GPU_MEM]
+            raise ValidationError(
+                f, v, RULE_COUNT_DIVIDES.format(resource=names.RES_GPU_MEM) + f" (gpu-count={k})"
+            )
+        core = values.get(names.RES_GPU_CORE, 0)
+        kind = Kind.SHARED_CORE if core else Kind.SHARED
+        return kind, ContainerRequest(index, name, gpu_mem=mem // k, gpu_core=core, gpus=k)
+    return Kind.NONE, None
+
+
+def _parse_core(f: str, v: Any) -> int:
+    try:
+        n = parse_whole(f, v, minimum=names.CORE_STEP)
+    except ValidationError:
+        raise ValidationError(f, v, RULE_CORE) from None
+    if n % names.CORE_STEP or n > names.CORE_PER_GPU:
+        raise ValidationError(f, v, RULE_CORE)
+    return n
+
+
+def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
+    """Parse and validate a Kubernetes pod object (a dict as the API server returns it).
+
+    Raises :class:`ValidationError` naming the field, the value and the rule.
+    """
+    if not isinstance(pod, Mapping):
+        raise ValidationError("pod", type(pod).__name__, "must be a JSON object")
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    if not isinstance(meta, Mapping) or not isinstance(spec, Mapping):
+        raise ValidationError("pod", "metadata/spec", "metadata and spec must be JSON objects")
+    labels = dict(meta.get("labels") or {})
+    containers = spec.get("containers")
+    if not isinstance(containers, list) or not containers:
+        raise ValidationError("spec.containers", containers, RULE_NO_CONTAINERS)
+
+    for i, c in enumerate(spec.get("initContainers") or []):
+        res = _resources(c, f"spec.initContainers[{i}]")
+        if res:
+            f, v = next(iter(res.values()))
+            raise ValidationError(f, v, RULE_INIT_CONTAINER)
+
+    gpu_count: int | None = None
+    if names.POD_LABEL_GPU_COUNT in labels:
+        f = f'metadata.labels["{names.POD_LABEL_GPU_COUNT}"]'
+        raw = labels[names.POD_LABEL_GPU_COUNT]
+        try:
+            gpu_count = parse_whole(f, raw, minimum=1)
+        except ValidationError:
+            raise ValidationError(f, raw, RULE_COUNT_LABEL) from None
+
+    kinds: list[tuple[Kind, int]] = []
+    reqs: list[ContainerRequest] = []
+    for i, c in enumerate(containers):
+        if not isinstance(c, Mapping):
+            raise ValidationError(f"spec.containers[{i}]", c, "must be a JSON object")
+        kind, req = _container(i, c, gpu_count)
+        if req is not None:
+            kinds.append((kind, i))
+            reqs.append(req)
+
+    kind = Kind.NONE
+    if kinds:
+        kind = kinds[0][0]
+        for k, i in kinds[1:]:
+            if k is kind:
+                continue
+            pair = {k, kind}
+            if pair == {Kind.SHARED, Kind.SHARED_CORE}:
+                raise ValidationError(f"spec.containers[{i}].resources", k.value, RULE_NO_MIX_CORE)
+            raise ValidationError(
+                f"spec.containers[{i}].resources", k.value, RULE_NO_MIX_POD.format(other=kind.value)
+            )
+    if gpu_count is not None and kind not in (Kind.SHARED, Kind.SHARED_CORE):
+        raise ValidationError(
+            f'metadata.labels["{names.POD_LABEL_GPU_COUNT}"]', str(gpu_count), RULE_COUNT_NEEDS_MEM
+        )
+
+    return PodRequest(
+        namespace=str(meta.get("namespace") or "default"),
+        name=str(meta.get("name") or ""),
+        uid=str(meta.get("uid") or ""),
+        kind=kind,
+        containers=tuple(reqs),
+        labels=labels,
+    )

@@ -1,0 +1,1 @@
+"""The placement simulator: the core's scheduler replayed on a trace (openb format)."""

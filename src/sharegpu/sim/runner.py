@@ -1,0 +1,137 @@
+"""Runs the (workload × policy × seed) matrix, in parallel processes, and aggregates it."""
+
+from __future__ import annotations
+
+import os
+import statistics
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ValidationError
+from ..state import NodeSpec
+from . import generate
+from .engine import RunResult, run_one
+from .trace import NODE_FILE, TracePod, read_nodes, read_pods, workload_path
+from .workload import target_workload
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where the cluster and the workloads come from: an openb folder, or the generator."""
+
+    trace_dir: Path | None = None
+    gen_seed: int = generate.DEFAULT_SEED
+
+    def nodes(self) -> list[NodeSpec]:
+        if self.trace_dir is None:
+            return generate.nodes(self.gen_seed)
+        return read_nodes(self.trace_dir / NODE_FILE)
+
+    def pods(self, workload: str) -> list[TracePod]:
+        if self.trace_dir is None:
+            if workload != generate.WORKLOAD_NAME:
+                raise ValidationError(
+                    "--workload", workload,
+                    f"without --trace the only workload is {generate.WORKLOAD_NAME!r}",
+                )
+            return generate.pods(self.gen_seed)
+        return read_pods(workload_path(self.trace_dir, workload))
+
+
+_CACHE: dict[tuple[Source, str], tuple[list[NodeSpec], list[TracePod]]] = {}
+
+
+def _load(source: Source, workload: str) -> tuple[list[NodeSpec], list[TracePod]]:
+    key = (source, workload)
+    if key not in _CACHE:
+        _CACHE[key] = (source.nodes(), source.pods(workload))
+    return _CACHE[key]
+
+
+def _task(source: Source, workload: str, policy: str, seed: int, inflation: float) -> RunResult:
+    nodes, pods = _load(source, workload)
+    return run_one(nodes, pods, policy, seed, workload, target_workload(pods), inflation)
+
+
+@dataclass
+class Summary:
+    policy: str
+    workload: str
+    seeds: list[int]
+    runs: list[RunResult]
+
+    @property
+    def unallocated(self) -> tuple[float, float]:
+        v = [r.unallocated_pct for r in self.runs]
+        return statistics.fmean(v), (statistics.stdev(v) if len(v) > 1 else 0.0)
+
+    @property
+    def frag(self) -> float:
+        return statistics.fmean(r.frag_pct for r in self.runs)
+
+    @property
+    def pods_per_s(self) -> float:
+        t = sum(r.decision_seconds for r in self.runs)
+        return sum(r.pods for r in self.runs) / t if t > 0 else 0.0
+
+    @property
+    def curve(self) -> list[float | None]:
+        out: list[float | None] = []
+        for i in range(len(self.runs[0].curve)):
+            vals = [r.curve[i] for r in self.runs if r.curve[i] is not None]
+            out.append(round(statistics.fmean(vals), 3) if vals else None)  # type: ignore[arg-type]
+        return out
+
+    def to_json(self) -> dict[str, object]:
+        mean, sd = self.unallocated
+        return {
+            "policy": self.policy,
+            "workload": self.workload,
+            "seeds": self.seeds,
+            "unallocated_pct": {"mean": round(mean, 3), "sd": round(sd, 3)},
+            "per_seed_unallocated_pct": [r.unallocated_pct for r in self.runs],
+            "frag_pct": round(self.frag, 3),
+            "curve": [
+                {"arrived_pct": x, "allocated_pct": y}
+                for x, y in enumerate(self.curve) if y is not None
+            ],
+            "pods_per_s": round(self.pods_per_s, 1),
+        }
+
+
+def run_matrix(
+    source: Source,
+    workloads: Sequence[str],
+    policies: Sequence[str],
+    seeds: Sequence[int],
+    *,
+    inflation: float = 1.3,
+    jobs: int | None = None,
+    on_done: Callable[[RunResult], None] | None = None,
+) -> list[Summary]:
+    for w in workloads:  # fail early, with a clear message, on a missing workload
+        _load(source, w)
+    tasks = [(w, p, s) for w in workloads for p in policies for s in seeds]
+    results: dict[tuple[str, str, int], RunResult] = {}
+    jobs = jobs or min(len(tasks), os.cpu_count() or 1)
+    if jobs <= 1:
+        for w, p, s in tasks:
+            r = _task(source, w, p, s, inflation)
+            results[(w, p, s)] = r
+            if on_done:
+                on_done(r)
+    else:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            futs = {pool.submit(_task, source, w, p, s, inflation): (w, p, s) for w, p, s in tasks}
+            for f in as_completed(futs):
+                r = f.result()
+                results[futs[f]] = r
+                if on_done:
+                    on_done(r)
+    out = []
+    for w in workloads:
+        for p in policies:
+            out.append(Summary(p, w, list(seeds), [results[(w, p, s)] for s in seeds]))
+    return out
