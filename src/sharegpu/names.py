@@ -1,6 +1,6 @@
 """Every ACK-compatible name (labels, resources, annotations, env vars) lives here.
 
-Names stay identical to Alibaba Cloud ACK's so that the seeds' commands and manifests work unchanged.
+Names stay identical to Alibaba Cloud ACK's, so the seeds' commands and manifests work unchanged.
 """
 
 from typing import Final
@@ -20,7 +20,9 @@ RES_GPU_COUNT: Final = "aliyun.com/gpu-count"
 RES_NVIDIA_GPU: Final = "nvidia.com/gpu"
 RES_TOPOLOGY_GPU: Final = "aliyun.com/gpu"
 
-ALL_GPU_RESOURCES: Final = (RES_NVIDIA_GPU, RES_GPU_MEM, RES_GPU_CORE, RES_GPU_COUNT, RES_TOPOLOGY_GPU)
+ALL_GPU_RESOURCES: Final = (
+    RES_NVIDIA_GPU, RES_GPU_MEM, RES_GPU_CORE, RES_GPU_COUNT, RES_TOPOLOGY_GPU,
+)
 
 # --- pod labels ------------------------------------------------------------------------------
 POD_LABEL_GPU_COUNT: Final = "aliyun.com/gpu-count"

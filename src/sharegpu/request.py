@@ -87,7 +87,10 @@ RULE_CORE_NEEDS_MEM = f"needs {names.RES_GPU_MEM} in the same container"
 RULE_CARDS = "must be a whole number of GPUs, at least 1"
 RULE_COUNT_LABEL = "must be a whole number of GPUs, at least 1"
 RULE_COUNT_NEEDS_MEM = f"needs a container that asks for {names.RES_GPU_MEM}"
-RULE_COUNT_DIVIDES = "must divide {resource} of every container (each GPU gets gpu-mem / gpu-count GiB)"
+RULE_COUNT_DIVIDES = (
+    f"must be divisible by the pod label {names.POD_LABEL_GPU_COUNT} "
+    "(each GPU gets gpu-mem / gpu-count GiB)"
+)
 RULE_NO_MIX_CONTAINER = "cannot be asked for together with {other} in one container"
 RULE_NO_MIX_POD = "cannot be mixed with {other} in one pod: a node runs one GPU mode"
 RULE_NO_MIX_CORE = (
@@ -189,7 +192,7 @@ def _container(
         if mem % k:
             f, v = res[names.RES_GPU_MEM]
             raise ValidationError(
-                f, v, RULE_COUNT_DIVIDES.format(resource=names.RES_GPU_MEM) + f" (gpu-count={k})"
+                f, v, f"{RULE_COUNT_DIVIDES} (gpu-count={k})"
             )
         core = values.get(names.RES_GPU_CORE, 0)
         kind = Kind.SHARED_CORE if core else Kind.SHARED

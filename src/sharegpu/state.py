@@ -13,7 +13,7 @@ a cluster leaves them to kube-scheduler.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -517,6 +517,3 @@ def rebuild(
             problems.append((req.key, str(e)))
     return state, problems
 
-
-def allocation_from_mapping(data: Mapping[int, Mapping[int, int]]) -> Allocation:
-    return Allocation(mem={int(c): {int(g): int(v) for g, v in gs.items()} for c, gs in data.items()})

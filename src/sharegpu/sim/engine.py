@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..placement.base import get_policy
-from ..placement.policies.fgd import FragmentationModel
 from ..placement.fragmentation import TargetWorkload
+from ..placement.policies.fgd import FragmentationModel
 from ..scheduler import Scheduler
 from ..state import ClusterState, NodeSpec
 from .trace import GPU_UNITS, TracePod

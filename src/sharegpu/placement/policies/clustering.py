@@ -61,9 +61,8 @@ class GpuClustering(Policy):
         total = counts.sum(axis=1)
         is_whole = whole | (c.gpu_mem >= per_gpu)
         mine = np.where(is_whole, counts[:, k_col], counts[:, share_col])
-        out = np.where(
-            mine > 0, np.where(total == mine, 75 + base, 50 + base), np.where(total == 0, 25 + base, base)
-        )
+        with_mine = np.where(total == mine, 75 + base, 50 + base)
+        out = np.where(mine > 0, with_mine, np.where(total == 0, 25 + base, base))
         return out.astype(np.float64)
 
     def placed(self, state: ClusterState, req: PodRequest, node: int, alloc: Allocation) -> None:

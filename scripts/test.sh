@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The project's test command: a fresh virtual environment, the package with its test extras,
+# ruff, then pytest. Extra test prerequisites (compilers, helm) are installed by the steps below.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
+.venv/bin/ruff check src tests bench
+.venv/bin/python -m pytest "$@"

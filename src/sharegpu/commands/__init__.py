@@ -1,0 +1,1 @@
+"""One module per ``sharegpu`` subcommand (see :mod:`sharegpu.cli`)."""

@@ -1,0 +1,80 @@
+"""``sharegpu simulate``: replay a workload through the placement policies."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..cli import parse_seeds, positive_float
+from ..errors import ValidationError
+
+NAME = "simulate"
+HELP = "replay a workload through the placement policies and measure stranded GPU"
+DESCRIPTION = (
+    "Replays pods through the same core that schedules a cluster, following the FGD paper's "
+    "protocol (shuffle per seed, inflate to 1.3x capacity, arrival only, one try per pod). "
+    "Without --trace it runs on a generated cluster and workload."
+)
+PAPER_POLICIES = ["random", "dotprod", "clustering", "packing", "bestfit", "fgd"]
+
+
+def add_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--trace", type=Path, help="folder with openb_node_list_gpu_node.csv and "
+                   "openb_pod_list_<NAME>.csv (e.g. ../shared/traces/openb)")
+    s.add_argument("--workload", action="append", help="workload NAME (repeatable; default: "
+                   "'default' with --trace, 'generated' without)")
+    s.add_argument("--policy", action="append", help="placement policy (repeatable; default: "
+                   "the six paper policies); see 'sharegpu policies'")
+    s.add_argument("--seeds", default="42..51", help="seeds: 42..51, 42,43 or 42 (default 42..51)")
+    s.add_argument("--inflation", type=positive_float, default=1.3,
+                   help="inflate the workload to this × GPU capacity (default 1.3)")
+    s.add_argument("--jobs", type=int, default=0, help="worker processes (default: CPU count)")
+    s.add_argument("--json", action="store_true", help="print JSON results to stdout")
+    s.add_argument("--plot", type=Path, help="write the allocation-curve plot to this PNG")
+    s.add_argument("--gen-seed", type=int, default=None,
+                   help="seed of the generated cluster and workload (without --trace)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from ..placement.base import get_policy
+    from ..sim import generate, report
+    from ..sim.runner import Source, run_matrix
+
+    seeds = parse_seeds(args.seeds)
+    if args.trace is not None and not args.trace.is_dir():
+        raise ValidationError("--trace", str(args.trace), "must be a folder")
+    if args.trace is None:
+        source = Source(None, args.gen_seed if args.gen_seed is not None else generate.DEFAULT_SEED)
+    else:
+        source = Source(args.trace.resolve())
+    workloads = args.workload or (["default"] if args.trace else [generate.WORKLOAD_NAME])
+    policies = args.policy or PAPER_POLICIES
+    for pol in policies:
+        get_policy(pol)  # validates the name
+    if args.jobs < 0:
+        raise ValidationError("--jobs", args.jobs, "must be 0 (CPU count) or more")
+
+    err = Console(stderr=True)
+    total = len(workloads) * len(policies) * len(seeds)
+    with Progress(
+        "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), console=err, transient=True, disable=total < 2,
+    ) as progress:
+        task = progress.add_task("simulating", total=total)
+        summaries = run_matrix(
+            source, workloads, policies, seeds, inflation=args.inflation, jobs=args.jobs or None,
+            on_done=lambda r: progress.update(
+                task, advance=1, description=f"{r.workload}/{r.policy}/{r.seed}"
+            ),
+        )
+    if args.json:
+        print(report.to_json(summaries))
+    else:
+        report.table(summaries, Console())
+    if args.plot:
+        report.plot(summaries, args.plot)
+        err.print(f"plot written to {args.plot}")
+    return 0
