@@ -53,3 +53,8 @@ CO_SCHEDULER_NAME: Final = "ack-co-scheduler"
 MAX_PODS_PER_GPU: Final = 20
 CORE_PER_GPU: Final = 100
 CORE_STEP: Final = 5
+
+# --- sharegpu's own node annotations (written by the node agent, read by the extender/CLI) ----
+ANN_NODE_GPU_MEM: Final = "sharegpu.io/gpu-mem"  # GiB per GPU in index order, e.g. "15,15,32,32"
+ANN_NODE_GPU_TOPOLOGY: Final = "sharegpu.io/gpu-topology"  # JSON matrix of nvidia-smi link kinds
+ANN_NODE_LAST_MODE: Final = "sharegpu.io/last-mode"  # last explicit ack.node.gpu.schedule value

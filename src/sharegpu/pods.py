@@ -1,0 +1,39 @@
+"""A Kubernetes Pod object's placement, read back from its annotations (for state rebuilds, the
+node agent and the inspect CLI)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .annotations import Allocation, decode
+from .request import PodRequest, parse_pod
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+def is_terminated(pod: Mapping[str, Any]) -> bool:
+    phase = (pod.get("status") or {}).get("phase")
+    return phase in TERMINAL_PHASES or bool((pod.get("metadata") or {}).get("deletionTimestamp")
+                                            and phase in TERMINAL_PHASES)
+
+
+def node_of(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("spec") or {}).get("nodeName") or "")
+
+
+def placement_of(pod: Mapping[str, Any]) -> tuple[PodRequest, str, Allocation] | None:
+    """(request, node, allocation) of a live pod that holds GPUs by annotation; ``None`` for a
+    pod that holds none (no annotation, not on a node, or finished). Raises ValidationError on a
+    malformed request or annotation."""
+    if is_terminated(pod):
+        return None
+    alloc = decode((pod.get("metadata") or {}).get("annotations") or {})
+    if alloc is None:
+        return None
+    node = node_of(pod) or str(
+        ((pod.get("metadata") or {}).get("annotations") or {}).get("sharegpu.io/node", "")
+    )
+    if not node:
+        return None
+    return parse_pod(pod), node, alloc
