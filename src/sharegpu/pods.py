@@ -13,9 +13,7 @@ TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 def is_terminated(pod: Mapping[str, Any]) -> bool:
-    phase = (pod.get("status") or {}).get("phase")
-    return phase in TERMINAL_PHASES or bool((pod.get("metadata") or {}).get("deletionTimestamp")
-                                            and phase in TERMINAL_PHASES)
+    return (pod.get("status") or {}).get("phase") in TERMINAL_PHASES
 
 
 def node_of(pod: Mapping[str, Any]) -> str:
@@ -31,9 +29,7 @@ def placement_of(pod: Mapping[str, Any]) -> tuple[PodRequest, str, Allocation] |
     alloc = decode((pod.get("metadata") or {}).get("annotations") or {})
     if alloc is None:
         return None
-    node = node_of(pod) or str(
-        ((pod.get("metadata") or {}).get("annotations") or {}).get("sharegpu.io/node", "")
-    )
-    if not node:
+    node = node_of(pod)
+    if not node:  # annotated but never bound: holds nothing
         return None
     return parse_pod(pod), node, alloc
