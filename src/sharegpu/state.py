@@ -28,6 +28,7 @@ UNBOUNDED = np.iinfo(np.int64).max // 4
 
 # which node modes serve which pod kinds
 _MODE_CODES = {m: i for i, m in enumerate(Mode)}
+_MODES_BY_CODE = list(Mode)
 _KIND_MODES: dict[Kind, frozenset[Mode]] = {
     Kind.NONE: frozenset(Mode),
     Kind.SHARED: frozenset({Mode.CGPU, Mode.CORE_MEM, Mode.SHARE, Mode.MPS}),
@@ -264,6 +265,24 @@ class ClusterState:
             ok &= self.pods_mem_only[:n] == 0
         return ok
 
+    def admits(self, req: PodRequest, i: int) -> bool:
+        """``node_mask(req)[i]`` for one node slot, without touching the other rows."""
+        if not self.active[i]:
+            return False
+        if req.cpu_milli and self.cpu_free[i] < req.cpu_milli:
+            return False
+        if req.mem_mib and self.mem_free[i] < req.mem_mib:
+            return False
+        if _MODES_BY_CODE[int(self.mode[i])] not in _KIND_MODES[req.kind]:
+            return False
+        if req.models is not None:
+            spec = self.specs[i]
+            if spec is None or spec.model not in req.models:
+                return False
+        if req.kind is Kind.SHARED and self.pods_mem_core[i]:
+            return False
+        return not (req.kind is Kind.SHARED_CORE and self.pods_mem_only[i])
+
     def feasible(self, req: PodRequest) -> np.ndarray:
         """Boolean mask over node slots: where the pod can be placed."""
         ok = self.node_mask(req)
@@ -342,7 +361,7 @@ class ClusterState:
     def feasible_one(self, req: PodRequest, node: int) -> bool:
         from .placement.gpus import assign
 
-        return bool(self.node_mask(req)[node]) and assign(self, req, node, "bestfit") is not None
+        return self.admits(req, node) and assign(self, req, node, "bestfit") is not None
 
     # -- changes ------------------------------------------------------------------------------
     def _check(self, req: PodRequest, i: int, alloc: Allocation) -> None:
@@ -350,7 +369,7 @@ class ClusterState:
         spec = self.specs[i]
         if spec is None or not self.active[i]:
             raise PlacementError(f"{req.key}: node slot {i} is not active")
-        if not bool(self.node_mask(req)[i]):
+        if not self.admits(req, i):
             reason = self.explain(req, i) or "node does not admit the pod"
             raise PlacementError(f"{req.key} on {spec.name}: {reason}")
         g = int(self.gpu_count[i])

@@ -1,0 +1,292 @@
+"""Extender latency and throughput through HTTP, and the state rebuild from annotations.
+
+    python bench/extender_latency.py --nodes 5000 --json
+
+A server process runs the extender's HTTP service (the same ExtenderApp as ``sharegpu
+extender``) over a ClusterView of ``--nodes`` nodes × 8 GPUs in mixed modes; its binder writes
+to an in-memory API (so the figures are the extender's own cost, not an API server's). A driver
+plays kube-scheduler: for each pod one filter then one prioritize (serially, as kube-scheduler's
+scheduling cycle), then a bind in the background (up to ``--inflight`` binds at once, as its
+binding cycles). Latencies are measured at the driver, HTTP and JSON included.
+
+Two candidate lists are compared side by side in one run:
+- ``all``: every node name in every request (percentageOfNodesToScore: 100, the worst case);
+- ``scheduler``: what kube-scheduler sends by default at this size: the nodes its own filters
+  pass (the node advertises the pod's resource, i.e. the right mode), at most 10 % of the
+  cluster (its adaptive percentageOfNodesToScore at 5,000 nodes), with nodeCacheCapable.
+
+Then: a ClusterView rebuilt from ``--rebuild-pods`` annotated pods (the start of a replica).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import random
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from sharegpu import kobjects, names
+from sharegpu.annotations import Allocation, encode
+from sharegpu.modes import Mode
+
+MODES = [(Mode.CGPU, 0.45), (Mode.CORE_MEM, 0.2), (Mode.SHARE, 0.05), (Mode.MPS, 0.05),
+         (Mode.EXCLUSIVE, 0.15), (Mode.TOPOLOGY, 0.10)]
+SIZES = [16, 24, 32, 80]
+KIND_MODES = {
+    "mem": {Mode.CGPU, Mode.CORE_MEM, Mode.SHARE, Mode.MPS},
+    "core": {Mode.CORE_MEM},
+    "multi": {Mode.CGPU, Mode.CORE_MEM, Mode.SHARE, Mode.MPS},
+    "cards": {Mode.EXCLUSIVE},
+    "topology": {Mode.TOPOLOGY},
+}
+
+
+def cluster(n: int, seed: int = 1) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    modes = [m for m, _ in MODES]
+    weights = [w for _, w in MODES]
+    out = []
+    for i in range(n):
+        mode = rng.choices(modes, weights)[0]
+        size = rng.choice(SIZES)
+        out.append(kobjects.node(f"node-{i:05d}", [size] * 8, mode, model=f"GPU-{size}GB"))
+    return out
+
+
+def pods(n: int, seed: int = 2) -> list[tuple[str, dict[str, Any]]]:
+    """(kind, pod) pairs of a mixed workload."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        r = rng.random()
+        name = f"pod-{i:06d}"
+        if r < 0.45:
+            out.append(("mem", kobjects.pod(name, mem=rng.choice([1, 2, 4, 8, 12]))))
+        elif r < 0.65:
+            out.append(("core", kobjects.pod(name, mem=rng.choice([2, 4, 8]),
+                                             core=rng.choice([10, 25, 30, 50]))))
+        elif r < 0.75:
+            out.append(("multi", kobjects.pod(name, mem=rng.choice([8, 16, 32]), gpu_count=2)))
+        elif r < 0.9:
+            out.append(("cards", kobjects.pod(name, cards=rng.choice([1, 1, 2, 4]))))
+        else:
+            out.append(("topology", kobjects.pod(name, topology=rng.choice([1, 2, 4, 8]))))
+    return out
+
+
+# -- server process -----------------------------------------------------------------------------
+def serve(n_nodes: int, n_pods: int, q: Any) -> None:
+    from aiohttp import web
+
+    from sharegpu.extender.bind import Binder
+    from sharegpu.extender.memapi import MemoryApi
+    from sharegpu.extender.metrics import Metrics
+    from sharegpu.extender.server import ExtenderApp
+    from sharegpu.extender.view import ClusterView
+
+    async def main() -> None:
+        view = ClusterView("default")
+        view.reset(cluster(n_nodes), [])
+        api = MemoryApi(p for _, p in pods(n_pods))
+        metrics = Metrics(lambda: view)
+        app = ExtenderApp(view, Binder(api, lambda: view), metrics)
+        runner = web.AppRunner(app.app(), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        q.put(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+# -- driver -------------------------------------------------------------------------------------
+async def drive(port: int, n_nodes: int, work: list[tuple[str, dict[str, Any]]], mode: str,
+                inflight: int) -> dict[str, Any]:
+    import aiohttp
+
+    nodes = cluster(n_nodes)
+    all_names = [n["metadata"]["name"] for n in nodes]
+    by_kind: dict[str, list[str]] = {}
+    for kind, modes in KIND_MODES.items():
+        by_kind[kind] = [n["metadata"]["name"] for n in nodes
+                         if Mode(n["metadata"]["labels"][names.LABEL_SCHEDULE]) in modes]
+    sample = max(100, n_nodes // 10)
+    rng = random.Random(3)
+    lat: dict[str, list[float]] = {"filter": [], "prioritize": [], "bind": []}
+    errors: dict[str, int] = {"filter": 0, "prioritize": 0, "bind": 0, "unschedulable": 0}
+    url = f"http://127.0.0.1:{port}"
+    sem = asyncio.Semaphore(inflight)
+    tasks: set[asyncio.Task[None]] = set()
+    conn = aiohttp.TCPConnector(limit=inflight + 4)
+    async with aiohttp.ClientSession(connector=conn) as s:
+
+        async def post(verb: str, body: Any) -> Any:
+            data = json.dumps(body, separators=(",", ":"))
+            t0 = time.perf_counter()
+            async with s.post(f"{url}/{verb}", data=data,
+                              headers={"Content-Type": "application/json"}) as r:
+                out = await r.json()
+            lat[verb].append(time.perf_counter() - t0)
+            return out
+
+        async def bind(pod: dict[str, Any], node: str) -> None:
+            try:
+                m = pod["metadata"]
+                out = await post("bind", {"PodName": m["name"], "PodNamespace": m["namespace"],
+                                          "PodUID": m["uid"], "Node": node})
+                if out.get("Error"):
+                    errors["bind"] += 1
+            finally:
+                sem.release()
+
+        t_start = time.perf_counter()
+        for kind, pod in work:
+            if mode == "all":
+                cand = all_names
+            else:
+                pool = by_kind[kind]
+                cand = rng.sample(pool, min(sample, len(pool)))
+            f = await post("filter", {"Pod": pod, "Nodes": None, "NodeNames": cand})
+            if f.get("Error"):
+                errors["filter"] += 1
+                continue
+            passed = f.get("NodeNames") or []
+            if not passed:
+                errors["unschedulable"] += 1
+                continue
+            pr = await post("prioritize", {"Pod": pod, "Nodes": None, "NodeNames": passed})
+            if isinstance(pr, dict):
+                errors["prioritize"] += 1
+                continue
+            top = max(h["Score"] for h in pr)
+            node = rng.choice([h["Host"] for h in pr if h["Score"] == top])
+            await sem.acquire()
+            t = asyncio.create_task(bind(pod, node))
+            tasks.add(t)
+            t.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.gather(*tasks)
+        wall = time.perf_counter() - t_start
+
+    def pct(xs: list[float], q: float) -> float:
+        return round(float(np.percentile(np.array(xs) * 1000, q)), 3) if xs else 0.0
+
+    return {
+        "candidates": mode,
+        "pods": len(work),
+        "pods_per_s": round(len(work) / wall, 1),
+        "latency_ms": {v: {"p50": pct(x, 50), "p99": pct(x, 99), "n": len(x)}
+                       for v, x in lat.items()},
+        "errors": errors,
+    }
+
+
+def run_scenario(n_nodes: int, n_pods: int, mode: str, inflight: int) -> dict[str, Any]:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    proc = ctx.Process(target=serve, args=(n_nodes, n_pods, q), daemon=True)
+    proc.start()
+    try:
+        port = q.get(timeout=600)
+        return asyncio.run(drive(port, n_nodes, pods(n_pods), mode, inflight))
+    finally:
+        proc.terminate()
+        proc.join()
+
+
+# -- rebuild ------------------------------------------------------------------------------------
+def annotated_pods(nodes: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """``n`` bound pods with annotations spread over the shared-mode nodes, each GPU filled with
+    4 GiB pods (8 + 30 % compute on core_mem nodes) round robin; whole cards on the others."""
+    shared = [x for x in nodes if x["metadata"]["labels"][names.LABEL_SCHEDULE]
+              in ("cgpu", "core_mem", "share", "mps")]
+    whole = [x for x in nodes if x not in shared]
+    out = []
+    slots = []  # (node, gpu, per-pod GiB, core)
+    for x in shared:
+        size = int(x["metadata"]["annotations"][names.ANN_NODE_GPU_MEM].split(",")[0])
+        core = x["metadata"]["labels"][names.LABEL_SCHEDULE] == "core_mem"
+        per, pct = (4, 20) if core else (2, 0)
+        for g in range(8):
+            for _ in range(min(size // per, 5 if core else 8)):
+                slots.append((x, g, per, pct))
+    for x in whole:
+        size = int(x["metadata"]["annotations"][names.ANN_NODE_GPU_MEM].split(",")[0])
+        for g in range(8):
+            slots.append((x, g, size, -1))
+    random.Random(4).shuffle(slots)
+    if n > len(slots):
+        raise SystemExit(f"--rebuild-pods {n}: the cluster holds at most {len(slots)}")
+    for i, (x, g, per, pct) in enumerate(slots[:n]):
+        node_name = x["metadata"]["name"]
+        mode = x["metadata"]["labels"][names.LABEL_SCHEDULE]
+        if pct < 0:
+            key = "nvidia.com/gpu" if mode == "default" else "aliyun.com/gpu"
+            p = kobjects.pod(f"r-{i:06d}", containers=[{key: "1"}], node_name=node_name)
+            alloc = Allocation(mem={0: {g: per}}, core={0: {g: 100}})
+        elif pct:
+            p = kobjects.pod(f"r-{i:06d}", mem=per, core=pct, node_name=node_name)
+            alloc = Allocation(mem={0: {g: per}}, core={0: {g: pct}})
+        else:
+            p = kobjects.pod(f"r-{i:06d}", mem=per, node_name=node_name)
+            alloc = Allocation(mem={0: {g: per}})
+        p["metadata"]["annotations"] = encode(alloc, assume_time_ns=1, gpu_capacity={g: per})
+        p["status"]["phase"] = "Running"
+        out.append(p)
+    return out
+
+
+def rebuild_time(n_nodes: int, n_pods: int) -> dict[str, Any]:
+    from sharegpu.extender.view import ClusterView
+
+    nodes = cluster(n_nodes)
+    ps = annotated_pods(nodes, n_pods)
+    view = ClusterView("default")
+    t0 = time.perf_counter()
+    bad = view.reset(nodes, ps)
+    dt = time.perf_counter() - t0
+    return {"nodes": n_nodes, "pods": n_pods, "seconds": round(dt, 3), "unapplied": bad,
+            "held": len(view.state.pods)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--nodes", type=int, default=5000)
+    p.add_argument("--pods", type=int, default=2000, help="pods driven per scenario")
+    p.add_argument("--inflight", type=int, default=16, help="binds in flight at once")
+    p.add_argument("--rebuild-pods", type=int, default=100_000)
+    p.add_argument("--candidates", choices=["all", "scheduler", "both"], default="both")
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    if a.nodes < 1 or a.pods < 1:
+        p.error("--nodes and --pods must be at least 1")
+    modes = ["scheduler", "all"] if a.candidates == "both" else [a.candidates]
+    result: dict[str, Any] = {"nodes": a.nodes, "gpus_per_node": 8, "cpus": os.cpu_count(),
+                              "policy": "default (fgd)", "scenarios": []}
+    for m in modes:
+        result["scenarios"].append(run_scenario(a.nodes, a.pods, m, a.inflight))
+    if a.rebuild_pods:
+        result["rebuild"] = rebuild_time(a.nodes, a.rebuild_pods)
+    if a.json:
+        print(json.dumps(result, indent=2))
+    else:
+        for s in result["scenarios"]:
+            lat = s["latency_ms"]
+            print(f"{s['candidates']:>9}: {s['pods_per_s']} pods/s; "
+                  + "; ".join(f"{v} p50 {x['p50']} ms p99 {x['p99']} ms" for v, x in lat.items()))
+        if "rebuild" in result:
+            r = result["rebuild"]
+            print(f"rebuild: {r['pods']} pods on {r['nodes']} nodes in {r['seconds']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""``sharegpu extender``: the kube-scheduler extender (filter, prioritize, bind)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import socket
+import ssl
+
+from ..errors import ValidationError
+
+NAME = "extender"
+HELP = "run the kube-scheduler extender (filter, prioritize, bind)"
+
+
+def listen_address(text: str, flag: str = "--listen") -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValidationError(flag, text, "must be HOST:PORT with a port from 0 to 65535")
+    return host or "0.0.0.0", int(port)
+
+
+def ssl_context(
+    cert: str | None, key: str | None, *, required: bool = False
+) -> ssl.SSLContext | None:
+    if bool(cert) != bool(key):
+        raise ValidationError("--tls-cert/--tls-key", cert or key, "give both or neither")
+    if not cert:
+        if required:
+            raise ValidationError("--tls-cert", None, "is required (or --insecure for tests)")
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        ctx.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as e:
+        raise ValidationError(
+            "--tls-cert", cert, f"cannot load the certificate and key: {e}"
+        ) from None
+    return ctx
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--listen", default="0.0.0.0:8888", help="HOST:PORT (default 0.0.0.0:8888)")
+    p.add_argument("--policy", default="default", help="placement policy (sharegpu policies)")
+    p.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
+    p.add_argument("--tls-key", help="the certificate's private key (PEM)")
+    p.add_argument("--kubeconfig", help="default: in-cluster, else $KUBECONFIG")
+    p.add_argument("--api-url", help="plain-HTTP API server URL instead of a kubeconfig "
+                   "(kubectl proxy, tests)")
+    p.add_argument("--lease-namespace", default="kube-system")
+    p.add_argument("--lease-name", default="sharegpu-extender")
+    p.add_argument("--id", default=socket.gethostname(),
+                   help="replica identity (default: hostname)")
+    p.add_argument("--no-leader-election", action="store_true",
+                   help="bind without a Lease (a single replica only)")
+    p.add_argument("--check-every", type=float, default=60.0,
+                   help="seconds between consistency checks against the pod annotations")
+    p.add_argument("--log-level", default="INFO")
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    from ..extender.kube import KubeApi
+    from ..extender.replica import Replica
+    from ..placement.base import get_policy
+
+    get_policy(args.policy)  # a bad name fails here with the list of policies
+    host, port = listen_address(args.listen)
+    ctx = ssl_context(args.tls_cert, args.tls_key)
+    api = KubeApi.from_url(args.api_url) if args.api_url else KubeApi.from_config(args.kubeconfig)
+    replica = Replica(api, identity=args.id, policy=args.policy,
+                      lease_namespace=args.lease_namespace, lease_name=args.lease_name,
+                      elect=not args.no_leader_election, check_every=args.check_every)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await replica.start(host, port, ssl_context=ctx)
+    logging.getLogger(__name__).info("sharegpu extender %s listening on %s:%d", args.id, host,
+                                     replica.port)
+    await stop.wait()
+    await replica.stop()
+    await api.close()
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return asyncio.run(_serve(args))

@@ -1,0 +1,32 @@
+"""``sharegpu webhook``: the validating admission webhook for GPU requests."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from .extender import listen_address, ssl_context
+
+NAME = "webhook"
+HELP = "run the validating admission webhook that refuses bad GPU requests"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--listen", default="0.0.0.0:9443", help="HOST:PORT (default 0.0.0.0:9443)")
+    p.add_argument("--tls-cert", help="certificate (PEM); required unless --insecure")
+    p.add_argument("--tls-key", help="the certificate's private key (PEM)")
+    p.add_argument("--insecure", action="store_true", help="plain HTTP (tests only)")
+    p.add_argument("--log-level", default="INFO")
+
+
+def run(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from ..webhook import app
+
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    host, port = listen_address(args.listen)
+    ctx = None if args.insecure else ssl_context(args.tls_cert, args.tls_key, required=True)
+    web.run_app(app(), host=host, port=port, ssl_context=ctx, access_log=None, print=None)
+    return 0

@@ -1,0 +1,200 @@
+"""List + watch of Nodes and Pods feeding the :class:`ClusterView` incrementally.
+
+- Start: list both, rebuild every GPU's allocation from pod annotations (``view.reset``), and
+  only then report ready.
+- Watches resume from the last resourceVersion after a dropped connection; ``410 Gone``
+  (too old) means a relist and a rebuild.
+- A periodic consistency check relists pods and compares the state rebuilt from their
+  annotations with the live one; a difference is counted in a metric and repaired.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..state import rebuild
+from .kube import NODES, PODS, ApiError, Gone, KubeApi
+from .metrics import Metrics
+from .view import ClusterView
+
+log = logging.getLogger(__name__)
+
+
+def _rv(obj: dict[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+
+def _rv_int(rv: str) -> int | None:
+    return int(rv) if rv.isdigit() else None
+
+
+class Informer:
+    def __init__(self, api: KubeApi, view: ClusterView, metrics: Metrics | None = None, *,
+                 check_every: float = 60.0, backoff: float = 0.5,
+                 on_event: Callable[[str, str, dict[str, Any]], None] | None = None) -> None:
+        self.api = api
+        self.view = view
+        self.metrics = metrics
+        self.check_every = check_every
+        self.backoff = backoff
+        self.on_event = on_event
+        self.rv = {PODS: "", NODES: ""}
+        self.ready = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._relist_lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        await self.relist()
+        self.ready.set()
+        self._tasks = [
+            asyncio.create_task(self._watch(NODES), name="watch-nodes"),
+            asyncio.create_task(self._watch(PODS), name="watch-pods"),
+        ]
+        if self.check_every > 0:
+            self._tasks.append(asyncio.create_task(self._checks(), name="consistency-check"))
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks = []
+
+    async def relist(self) -> None:
+        """List nodes and pods and rebuild the view from them."""
+        async with self._relist_lock:
+            nodes, nrv = await self.api.list(NODES)
+            pods, prv = await self.api.list(PODS)
+            t0 = time.perf_counter()
+            bad = self.view.reset(nodes, pods)
+            if self.metrics is not None:
+                self.metrics.rebuild_seconds.set(time.perf_counter() - t0)
+                self.metrics.relists.labels("all").inc()
+            self.rv[NODES], self.rv[PODS] = nrv, prv
+            if bad:
+                log.warning("rebuild: %d pod(s) with annotations that could not be applied", bad)
+
+    def apply(self, path: str, kind: str, obj: dict[str, Any]) -> None:
+        if path == NODES:
+            if kind == "DELETED":
+                self.view.delete_node(str((obj.get("metadata") or {}).get("name") or ""))
+            else:
+                self.view.upsert_node(obj)
+        elif kind == "DELETED":
+            self.view.delete_pod(obj)
+        else:
+            self.view.upsert_pod(obj)
+        if self.on_event is not None:
+            self.on_event(path, kind, obj)
+
+    async def _watch(self, path: str) -> None:
+        failures = 0
+        while True:
+            try:
+                async for kind, obj in self.api.watch(path, self.rv[path]):
+                    failures = 0
+                    rv = _rv(obj)
+                    if rv:
+                        self.rv[path] = rv
+                    if kind in ("ADDED", "MODIFIED", "DELETED"):
+                        self.apply(path, kind, obj)
+            except asyncio.CancelledError:
+                raise
+            except Gone:
+                log.info("watch %s: resourceVersion %s is gone; relisting", path, self.rv[path])
+                await self._relist_retrying()
+                continue
+            except Exception as e:  # dropped connection, server error, bad line
+                failures += 1
+                log.info("watch %s dropped (%s); resuming from %s", path, e, self.rv[path])
+                await asyncio.sleep(min(self.backoff * failures, 5.0))
+                continue
+            # the server ended the watch (timeout): resume from the last resourceVersion
+
+    async def _relist_retrying(self) -> None:
+        delay = self.backoff
+        while True:
+            try:
+                await self.relist()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.warning("relist failed: %s", e)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _checks(self) -> None:
+        while True:
+            await asyncio.sleep(self.check_every)
+            try:
+                await self.check()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.warning("consistency check failed to run: %s", e)
+
+    async def check(self, settle_s: float = 5.0) -> list[str]:
+        """Relist pods, rebuild a state from their annotations and compare it with the live one
+        (in-flight reservations added). Returns the pods that differ; a difference is counted
+        and repaired by a rebuild."""
+        pods, prv = await self.api.list(PODS)
+        want = _rv_int(prv)
+        deadline = time.monotonic() + settle_s
+        # let the watch catch up with the list before comparing
+        while want is not None and time.monotonic() < deadline:
+            have = _rv_int(self.rv[PODS])
+            if have is not None and have >= want:
+                break
+            await asyncio.sleep(0.05)
+        diff = self.compare(pods)
+        if diff:
+            log.warning("consistency check: %d pod(s) differ from their annotations: %s",
+                        len(diff), ", ".join(diff[:5]))
+            if self.metrics is not None:
+                self.metrics.drift.inc()
+                self.metrics.drifted_pods.set(len(diff))
+            await self.relist()
+        elif self.metrics is not None:
+            self.metrics.drifted_pods.set(0)
+        return diff
+
+    def compare(self, pods: list[dict[str, Any]]) -> list[str]:
+        from ..errors import PlacementError, ValidationError
+        from ..pods import placement_of
+
+        view = self.view
+        specs = [s for s in view.state.specs if s is not None]
+        placed = []
+        for obj in pods:
+            meta = obj.get("metadata") or {}
+            key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+            if key in view.inflight:
+                continue
+            try:
+                p = placement_of(obj)
+            except ValidationError:
+                continue
+            if p is not None:
+                placed.append(p)
+        fresh, _problems = rebuild(specs, placed)
+        for r in view.inflight.values():
+            with contextlib.suppress(PlacementError, KeyError):
+                fresh.reserve(r.request, r.node, r.alloc)
+        a, b = fresh.fingerprint(), view.state.fingerprint()
+        diff: set[str] = set()
+        for node in set(a) | set(b):
+            if a.get(node) != b.get(node):
+                pa = set(a[node][-1]) if node in a else set()  # type: ignore[index]
+                pb = set(b[node][-1]) if node in b else set()  # type: ignore[index]
+                diff |= (pa ^ pb) or {f"node/{node}"}
+        return sorted(diff)
+
+
+__all__ = ["ApiError", "Informer"]

@@ -1,0 +1,516 @@
+"""The extender's view of the cluster: the core's ClusterState fed by Node and Pod objects.
+
+Everything here is synchronous and free of I/O; the informer feeds it events and the HTTP
+handlers ask it questions, all on one event loop, so every method runs atomically.
+
+What a pod holds comes from its annotations once it is bound (:func:`sharegpu.pods.placement_of`);
+the binder's own reservations are *in flight* until the binding is created, and events for an
+in-flight pod do not touch its reservation. ``nodeName`` never changes once set, so an event that
+shows a pod unbound after the view saw it bound is stale and ignored.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, OrderedDict
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from .. import names
+from ..annotations import Allocation, decode
+from ..errors import PlacementError, ValidationError
+from ..modes import Mode
+from ..nodes import spec_from_node
+from ..placement.base import get_policy, resolve
+from ..placement.fragmentation import Shape, TargetWorkload
+from ..placement.nodecache import ShapeCache
+from ..placement.policies.fgd import shape_key as fgd_shape_key
+from ..pods import is_terminated, node_of
+from ..request import Kind, PodRequest, parse_pod
+from ..scheduler import Scheduler
+from ..state import _KIND_MODES, _MODE_CODES, ClusterState, NodeSpec, Reservation
+
+log = logging.getLogger(__name__)
+
+Placed = tuple[PodRequest, str, Allocation]
+UNKNOWN_NODE = "node has no GPUs known to sharegpu (no GPU resources or annotations)"
+
+
+def shape_of(req: PodRequest, alloc: Allocation) -> Shape | None:
+    """The FGD shape of a placed pod: GPU per GPU of its first container and how many GPUs."""
+    if not req.containers:
+        return None
+    c = req.containers[0]
+    per = alloc.mem.get(c.index) or {}
+    if not per:
+        return None
+    models = "|".join(sorted(req.models)) if req.models else ""
+    return (0, int(max(per.values())), len(per), models)
+
+
+def default_workload(state: ClusterState) -> TargetWorkload:
+    """Used until pods have been seen: fractions of the most common GPU size, and whole cards."""
+    n = state.n
+    sizes = state.gpu_total[:n][state.gpu_exists[:n]]
+    size = int(Counter(sizes.tolist()).most_common(1)[0][0]) if len(sizes) else 16
+    parts = sorted({max(size // d, 1) for d in (8, 4, 2, 1)})
+    shapes: list[Shape] = [(0, m, 1, "") for m in parts] + [(0, size, 2, "")]
+    return TargetWorkload.from_shapes(shapes, coverage=1.0)
+
+
+def request_key(req: PodRequest) -> tuple[Any, ...]:
+    return (
+        req.kind,
+        tuple((c.gpu_mem, c.gpu_core, c.gpus, c.whole) for c in req.containers),
+        tuple(sorted(req.models)) if req.models is not None else None,
+    )
+
+
+class PlacementReader:
+    """:func:`sharegpu.pods.placement_of` with its two pure steps memoised: pods made from one
+    template share a parsed request, and equal annotation values share a decoded allocation
+    (a rebuild reads 100,000 pods). The core functions stay the only place of the rules."""
+
+    _ANNS = (names.ANN_ALLOCATION, names.ANN_CORE, names.ANN_MEM_IDX, names.ANN_MEM_POD)
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._req: dict[tuple[Any, ...], PodRequest] = {}
+        self._alloc: dict[tuple[Any, ...], Allocation | None] = {}
+
+    def request(self, obj: Mapping[str, Any]) -> PodRequest:
+        spec = obj.get("spec") or {}
+        meta = obj.get("metadata") or {}
+        containers = spec.get("containers")
+        if spec.get("initContainers") or not isinstance(containers, list):
+            return parse_pod(obj)
+        labels = meta.get("labels") or {}
+        parts: list[Any] = [labels.get(names.POD_LABEL_GPU_COUNT)]
+        try:
+            for c in containers:
+                res = c.get("resources") or {}
+                lim, req = res.get("limits") or {}, res.get("requests") or {}
+                parts.append(c.get("name"))
+                for r in names.ALL_GPU_RESOURCES:
+                    if r in lim or r in req:
+                        parts.append((r, str(lim.get(r)), str(req.get(r))))
+            key = tuple(parts)
+            hash(key)
+        except (AttributeError, TypeError):
+            return parse_pod(obj)
+        base = self._req.get(key)
+        if base is None:
+            base = parse_pod(obj)
+            if len(self._req) >= self.size:
+                self._req.clear()
+            self._req[key] = base
+        return PodRequest(namespace=str(meta.get("namespace") or "default"),
+                          name=str(meta.get("name") or ""), kind=base.kind,
+                          containers=base.containers, uid=str(meta.get("uid") or ""),
+                          labels=dict(labels))
+
+    def allocation(self, annotations: Mapping[str, str]) -> Allocation | None:
+        key = tuple(annotations.get(k) for k in self._ANNS)
+        if key in self._alloc:
+            return self._alloc[key]
+        alloc = decode(annotations)
+        if len(self._alloc) >= self.size:
+            self._alloc.clear()
+        self._alloc[key] = alloc
+        return alloc
+
+    def placement(self, obj: Mapping[str, Any]) -> Placed | None:
+        """Same answer as ``placement_of(obj)``."""
+        if is_terminated(obj):
+            return None
+        alloc = self.allocation((obj.get("metadata") or {}).get("annotations") or {})
+        if alloc is None:
+            return None
+        node = node_of(obj)
+        if not node:
+            return None
+        return self.request(obj), node, alloc
+
+
+class ClusterView:
+    def __init__(self, policy: str = "default", *, workload_refresh: int = 50) -> None:
+        self.policy_name = policy
+        self.policy = get_policy(policy)
+        self.workload_refresh = workload_refresh
+        self.state = ClusterState()
+        self.scheduler = Scheduler(self.state, self.policy, tie_break="order")
+        self.specs: dict[str, NodeSpec] = {}
+        self.placed: dict[str, Placed] = {}  # what bound pods' annotations say
+        self.inflight: dict[str, Reservation] = {}
+        self.shapes: Counter[Shape] = Counter()
+        self._shape_of: dict[str, Shape] = {}
+        self._shapes_at_prepare = -1
+        self.workload: TargetWorkload | None = None
+        self.problems: OrderedDict[str, str] = OrderedDict()
+        self._reasons: OrderedDict[tuple[Any, ...], dict[int, tuple[int, str]]] = OrderedDict()
+        self.synced = False
+        self.reader = PlacementReader()
+        # FGD scores a node from that node's row alone, so its scores can be kept per request
+        # shape until the node changes (FGD caches its common shapes itself; this covers
+        # compute, whole-card and multi-container requests)
+        self._scores: ShapeCache | None = (
+            ShapeCache({"score": np.float64}) if resolve(policy) == "fgd" else None
+        )
+        self._prepare()
+
+    # -- policy and its target workload ---------------
+    def _prepare(self) -> None:
+        total = len(self._shape_of)
+        if total:
+            self.workload = TargetWorkload.from_shapes(self.shapes.elements())
+        else:
+            self.workload = default_workload(self.state)
+        self.policy.prepare(self.state, self.workload)
+        self._shapes_at_prepare = total
+        if self._scores is not None:
+            self._scores = ShapeCache({"score": np.float64})
+
+    def maybe_refresh_workload(self) -> None:
+        """Re-learn the target workload from the pods seen: first after ``workload_refresh``
+        pods, then each time their number doubled (re-preparing drops the policy's caches)."""
+        total = len(self._shape_of)
+        if total < self.workload_refresh:
+            return
+        if self._shapes_at_prepare < self.workload_refresh or total >= 2 * self._shapes_at_prepare:
+            self._prepare()
+
+    def _count_shape(self, key: str, req: PodRequest, alloc: Allocation) -> None:
+        if key in self._shape_of:
+            return
+        s = shape_of(req, alloc)
+        if s is not None:
+            self._shape_of[key] = s
+            self.shapes[s] += 1
+
+    def _problem(self, key: str, reason: str) -> None:
+        self.problems[key] = reason
+        self.problems.move_to_end(key)
+        while len(self.problems) > 1000:
+            self.problems.popitem(last=False)
+        log.warning("%s: %s", key, reason)
+
+    # -- full rebuild ---------------
+    def reset(self, nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]) -> int:
+        """Rebuild everything from listed Node and Pod objects (start, relist after 410 Gone,
+        repair after a failed consistency check). In-flight reservations are kept. Returns the
+        number of pods whose annotations could not be applied."""
+        state = ClusterState()
+        specs: dict[str, NodeSpec] = {}
+        for obj in nodes:
+            spec = self._spec(obj)
+            if spec is not None:
+                state.add_node(spec)
+                specs[spec.name] = spec
+        placed: dict[str, Placed] = {}
+        bad = 0
+        for obj in pods:
+            key = _key(obj)
+            if key in self.inflight:
+                continue
+            try:
+                p = self.reader.placement(obj)
+            except ValidationError as e:
+                self._problem(key, f"unreadable GPU annotations or request: {e}")
+                bad += 1
+                continue
+            if p is None:
+                continue
+            if p[1] not in state.index:
+                placed[key] = p  # applied when the node appears
+                continue
+            try:
+                state.reserve(p[0], p[1], p[2])
+                state.bind(key)
+                placed[key] = p
+            except PlacementError as e:
+                self._problem(key, f"annotations over-commit: {e}")
+                bad += 1
+        for key, r in list(self.inflight.items()):
+            try:
+                self.inflight[key] = state.reserve(r.request, r.node, r.alloc)
+            except (PlacementError, KeyError) as e:
+                self._problem(key, f"in-flight reservation dropped on rebuild: {e}")
+                del self.inflight[key]
+        self.state, self.specs, self.placed = state, specs, placed
+        self.scheduler = Scheduler(state, self.policy, tie_break="order")
+        self._reasons.clear()
+        self._shape_of.clear()
+        self.shapes.clear()
+        for key, (req, _node, alloc) in placed.items():
+            self._count_shape(key, req, alloc)
+        self._prepare()
+        self.synced = True
+        return bad
+
+    # -- nodes ---------------
+    def _spec(self, obj: Mapping[str, Any]) -> NodeSpec | None:
+        name = str((obj.get("metadata") or {}).get("name") or "")
+        try:
+            return spec_from_node(obj)
+        except ValidationError as e:
+            self._problem(f"node/{name}", str(e))
+            # keep the last good view of the node rather than dropping its pods
+            return self.specs.get(name)
+
+    def upsert_node(self, obj: Mapping[str, Any]) -> None:
+        spec = self._spec(obj)
+        name = str((obj.get("metadata") or {}).get("name") or "")
+        if spec is None:
+            if name in self.state.index:
+                self.delete_node(name)
+            return
+        if name in self.specs and self.specs[name] == spec:
+            return
+        fresh = name not in self.state.index
+        try:
+            self.state.add_node(spec)
+        except PlacementError as e:
+            self._problem(f"node/{name}", f"node update refused, pods no longer fit: {e}")
+            return
+        self.specs[name] = spec
+        if fresh:
+            for key, (req, node, alloc) in self.placed.items():
+                if node == name and key not in self.state.pods:
+                    self._hold(key, req, node, alloc)
+        if fresh and not self.shapes:
+            self._prepare()
+
+    def delete_node(self, name: str) -> None:
+        if name in self.state.index:
+            for key in self.state.remove_node(name):
+                self.inflight.pop(key, None)
+        self.specs.pop(name, None)
+
+    # -- pods ---------------
+    def _hold(self, key: str, req: PodRequest, node: str, alloc: Allocation) -> None:
+        try:
+            self.state.reserve(req, node, alloc)
+            self.state.bind(key)
+            self._count_shape(key, req, alloc)
+        except PlacementError as e:
+            self._problem(key, f"annotations over-commit: {e}")
+
+    def upsert_pod(self, obj: Mapping[str, Any]) -> None:
+        key = _key(obj)
+        if key in self.inflight:
+            return
+        try:
+            p = self.reader.placement(obj)
+        except ValidationError as e:
+            self._problem(key, f"unreadable GPU annotations or request: {e}")
+            return
+        cur = self.state.pods.get(key)
+        if p is None:
+            if key in self.placed and not (obj.get("spec") or {}).get("nodeName") and not _ended(
+                obj
+            ):
+                return  # stale event from before the binding: nodeName never goes back
+            self.placed.pop(key, None)
+            if cur is not None:
+                self.scheduler.release(key)
+            return
+        req, node, alloc = p
+        self.placed[key] = p
+        if cur is not None:
+            if cur.node == node and _same(cur.alloc, alloc):
+                cur.bound = True
+                return
+            self.scheduler.release(key)
+        if node in self.state.index:
+            self._hold(key, req, node, alloc)
+
+    def delete_pod(self, obj: Mapping[str, Any]) -> None:
+        key = _key(obj)
+        self.placed.pop(key, None)
+        self.inflight.pop(key, None)
+        if key in self.state.pods:
+            self.scheduler.release(key)
+
+    # -- decisions ---------------
+    def filter(
+        self, req: PodRequest, names: list[str]
+    ) -> tuple[list[str], dict[str, str], dict[str, str]]:
+        """(passing names, failed {name: reason}, unresolvable {name: reason})."""
+        if not req.wants_gpu:
+            return list(names), {}, {}
+        self.maybe_refresh_workload()
+        feasible = self.state.feasible(req)
+        index = self.state.index
+        passed: list[str] = []
+        failed: dict[str, str] = {}
+        unres: dict[str, str] = {}
+        empty_ok: np.ndarray | None = None
+        cache = self._reason_cache(req)
+        version = self.state.version
+        for name in names:
+            i = index.get(name)
+            if i is None:
+                unres[name] = UNKNOWN_NODE
+                continue
+            if feasible[i]:
+                passed.append(name)
+                continue
+            hit = cache.get(i)
+            if hit is not None and hit[0] == version[i]:
+                reason = hit[1]
+            else:
+                reason = self.state.explain(req, i) or "does not fit"
+                cache[i] = (int(version[i]), reason)
+            if empty_ok is None:
+                empty_ok = self.fits_empty(req)
+            (failed if empty_ok[i] else unres)[name] = reason
+        return passed, failed, unres
+
+    def _reason_cache(self, req: PodRequest) -> dict[int, tuple[int, str]]:
+        k = request_key(req)
+        c = self._reasons.get(k)
+        if c is None:
+            c = self._reasons[k] = {}
+            while len(self._reasons) > 64:
+                self._reasons.popitem(last=False)
+        else:
+            self._reasons.move_to_end(k)
+        return c
+
+    def fits_empty(self, req: PodRequest) -> np.ndarray:
+        """Nodes where the pod would fit if they were empty (else no preemption can help)."""
+        st, n = self.state, self.state.n
+        ok = st.active[:n].copy()
+        modes = _KIND_MODES[req.kind]
+        codes = np.array([_MODE_CODES[m] for m in modes if m in _MODE_CODES], dtype=np.int8)
+        ok &= np.isin(st.mode[:n], codes)
+        if req.models is not None:
+            ids = [st.models[m] for m in req.models if m in st.models]
+            ok &= np.isin(st.model[:n], np.array(ids, dtype=np.int32))
+        for c in req.containers:
+            if c.whole:
+                ok &= st.gpu_count[:n] >= c.gpus
+            else:
+                ok &= (st.gpu_exists[:n] & (st.gpu_total[:n] >= c.gpu_mem)).sum(axis=1) >= c.gpus
+        return ok
+
+    def prioritize(self, req: PodRequest, names: list[str]) -> dict[str, int]:
+        """Scores 0..10: the node the core policy would pick gets 10, the other feasible nodes
+        0..9 in the order of the policy's scores, infeasible nodes 0."""
+        out = dict.fromkeys(names, 0)
+        if not req.wants_gpu or not names:
+            return out
+        self.maybe_refresh_workload()
+        among = np.zeros(self.state.n, dtype=bool)
+        index = self.state.index
+        for name in names:
+            i = index.get(name)
+            if i is not None:
+                among[i] = True
+        nodes = self.scheduler.candidates(req, among)
+        if len(nodes) == 0:
+            return out
+        scores = self.scores(req, nodes)
+        if self.policy.integer_scores:
+            scores = np.floor(scores)
+        best = self.scheduler.pick(nodes, scores)
+        lo, hi = float(scores.min()), float(scores.max())
+        if hi > lo:
+            scaled = np.floor(9.0 * (scores - lo) / (hi - lo)).astype(np.int64)
+        else:
+            scaled = np.full(len(nodes), 9, dtype=np.int64)
+        scaled = np.minimum(scaled, 9)
+        specs = self.state.specs
+        for i, s in zip(nodes.tolist(), scaled.tolist(), strict=True):
+            spec = specs[i]
+            assert spec is not None
+            out[spec.name] = 10 if i == best else int(s)
+        return out
+
+    def scores(self, req: PodRequest, nodes: np.ndarray) -> np.ndarray:
+        """The policy's scores for feasible ``nodes``."""
+        if self._scores is None or fgd_shape_key(req) is not None:
+            return self.scheduler.scores(req, nodes)
+        cache = self._scores
+        col = cache.column(request_key(req))
+        stale = cache.stale(self.state, nodes, col)
+        if len(stale):
+            cache.store(self.state, stale, col, score=self.scheduler.scores(req, stale))
+        return cache.get("score", nodes, col)
+
+    def reserve(self, req: PodRequest, node: str) -> Reservation:
+        """Choose GPUs on ``node`` with the core policy and hold them, in flight. Raises
+        PlacementError with the one clear reason when the pod does not fit there (any more)."""
+        key = req.key
+        i = self.state.index.get(node)
+        if i is None:
+            raise PlacementError(f"{key} on {node}: {UNKNOWN_NODE}")
+        self.maybe_refresh_workload()
+        held = self.state.pods.get(key)
+        if held is not None:
+            raise PlacementError(f"{key}: already holds GPUs on {held.node}")
+        reason = self.state.explain(req, i)
+        if reason is not None:
+            raise PlacementError(f"{key} on {node}: {reason}")
+        alloc = self.policy.select(self.state, req, i)
+        if alloc is None:
+            raise PlacementError(f"{key} on {node}: no GPU choice fits")
+        r = self.state.reserve(req, i, alloc)
+        self.policy.placed(self.state, req, i, r.alloc)
+        self.inflight[key] = r
+        return r
+
+    def release_inflight(self, key: str) -> None:
+        if self.inflight.pop(key, None) is not None and key in self.state.pods:
+            self.scheduler.release(key)
+
+    def bound(self, key: str) -> None:
+        """The binding was created: the reservation is now what the pod's annotations say."""
+        r = self.inflight.pop(key, None)
+        if r is None or key not in self.state.pods:
+            return
+        self.state.bind(key)
+        self.placed[key] = (r.request, r.node, r.alloc)
+        self._count_shape(key, r.request, r.alloc)
+
+    # -- checks ---------------
+    def drift(self) -> list[str]:
+        """Pods where the live state differs from what the annotations say."""
+        out = []
+        for key, (_req, node, alloc) in self.placed.items():
+            r = self.state.pods.get(key)
+            if node not in self.state.index:
+                continue
+            if r is None or r.node != node or not _same(r.alloc, alloc):
+                out.append(key)
+        for key in self.state.pods:
+            if key not in self.placed and key not in self.inflight:
+                out.append(key)
+        return out
+
+    def fingerprint(self) -> dict[str, object]:
+        return self.state.fingerprint()
+
+    def node_modes(self) -> dict[str, Mode]:
+        return {name: s.mode for name, s in self.specs.items()}
+
+
+def _key(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
+
+
+def _ended(obj: Mapping[str, Any]) -> bool:
+    return (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
+def _same(a: Allocation, b: Allocation) -> bool:
+    return a.per_gpu_mem() == b.per_gpu_mem() and a.per_gpu_core() == b.per_gpu_core() and (
+        {c: tuple(sorted(g)) for c, g in a.mem.items()}
+        == {c: tuple(sorted(g)) for c, g in b.mem.items()}
+    )
+
+
+__all__ = ["UNKNOWN_NODE", "ClusterView", "Kind", "default_workload", "shape_of"]

@@ -1,0 +1,141 @@
+"""kube-scheduler's extender wire format (k8s.io/kube-scheduler/extender/v1), pure functions.
+
+The Go types carry no json tags, so keys are the Go field names (``Pod``, ``Nodes``,
+``NodeNames``, ``FailedNodes``, ``Host``, ``Score``, ``PodName`` ...). Go's decoder matches keys
+case-insensitively, so requests are read the same way here; answers are written in CamelCase.
+A malformed payload raises :class:`ValidationError` naming the field; the server turns it into
+an ``Error`` answer (HTTP 400), never a traceback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ValidationError
+
+MAX_EXTENDER_PRIORITY = 10
+
+
+def _field(obj: Mapping[str, Any], name: str) -> Any:
+    """``obj[name]`` matched case-insensitively (as Go's encoding/json does)."""
+    if name in obj:
+        return obj[name]
+    low = name.lower()
+    for k, v in obj.items():
+        if isinstance(k, str) and k.lower() == low:
+            return v
+    return None
+
+
+@dataclass(frozen=True)
+class ExtenderArgs:
+    """A filter or prioritize request. ``nodes`` holds full Node objects when kube-scheduler
+    sent them (``nodeCacheCapable: false``), else ``None``; ``names`` always holds the names."""
+
+    pod: Mapping[str, Any]
+    names: list[str]
+    nodes: list[Mapping[str, Any]] | None
+
+    @property
+    def node_cache_capable(self) -> bool:
+        return self.nodes is None
+
+
+@dataclass(frozen=True)
+class BindingArgs:
+    pod_name: str
+    pod_namespace: str
+    pod_uid: str
+    node: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.pod_namespace}/{self.pod_name}"
+
+
+def parse_args(body: Any) -> ExtenderArgs:
+    if not isinstance(body, Mapping):
+        raise ValidationError("body", type(body).__name__, "must be a JSON object (ExtenderArgs)")
+    pod = _field(body, "Pod")
+    if not isinstance(pod, Mapping):
+        raise ValidationError("Pod", pod, "must be a Pod object")
+    meta = pod.get("metadata")
+    if not isinstance(meta, Mapping) or not meta.get("name"):
+        raise ValidationError("Pod.metadata.name", None, "must be set")
+    raw_nodes = _field(body, "Nodes")
+    raw_names = _field(body, "NodeNames")
+    if raw_nodes is not None:
+        items = raw_nodes.get("items") if isinstance(raw_nodes, Mapping) else None
+        if items is None and isinstance(raw_nodes, Mapping):
+            items = []
+        if not isinstance(items, list):
+            raise ValidationError("Nodes.items", items, "must be a list of Node objects")
+        names: list[str] = []
+        for i, n in enumerate(items):
+            name = (n.get("metadata") or {}).get("name") if isinstance(n, Mapping) else None
+            if not isinstance(name, str) or not name:
+                raise ValidationError(f"Nodes.items[{i}].metadata.name", name, "must be set")
+            names.append(name)
+        return ExtenderArgs(pod, names, list(items))
+    if raw_names is None:
+        raise ValidationError("NodeNames", None, "one of Nodes or NodeNames must be set")
+    if not isinstance(raw_names, list) or not all(isinstance(n, str) for n in raw_names):
+        raise ValidationError("NodeNames", raw_names, "must be a list of node names")
+    return ExtenderArgs(pod, list(raw_names), None)
+
+
+def parse_binding(body: Any) -> BindingArgs:
+    if not isinstance(body, Mapping):
+        raise ValidationError(
+            "body", type(body).__name__, "must be a JSON object (ExtenderBindingArgs)"
+        )
+    out = {}
+    for f in ("PodName", "PodNamespace", "PodUID", "Node"):
+        v = _field(body, f)
+        if v is None:
+            v = ""
+        if not isinstance(v, str) or (not v and f != "PodUID"):
+            raise ValidationError(f, v, "must be a non-empty string")
+        out[f] = v
+    return BindingArgs(out["PodName"], out["PodNamespace"], out["PodUID"], out["Node"])
+
+
+def filter_result(
+    args: ExtenderArgs,
+    passed: Sequence[str],
+    failed: Mapping[str, str],
+    unresolvable: Mapping[str, str],
+    error: str = "",
+) -> dict[str, Any]:
+    """ExtenderFilterResult: the passing nodes in the form they came in (names or objects)."""
+    out: dict[str, Any] = {
+        "Nodes": None,
+        "NodeNames": None,
+        "FailedNodes": dict(failed),
+        "FailedAndUnresolvableNodes": dict(unresolvable),
+        "Error": error,
+    }
+    if args.nodes is None:
+        out["NodeNames"] = list(passed)
+    else:
+        keep = set(passed)
+        out["Nodes"] = {
+            "metadata": {},
+            "items": [n for n, name in zip(args.nodes, args.names, strict=True) if name in keep],
+        }
+    return out
+
+
+def error_filter_result(message: str) -> dict[str, Any]:
+    return {"Nodes": None, "NodeNames": None, "FailedNodes": {},
+            "FailedAndUnresolvableNodes": {}, "Error": message}
+
+
+def priority_list(scores: Mapping[str, int]) -> list[dict[str, Any]]:
+    return [{"Host": h, "Score": int(s)} for h, s in scores.items()]
+
+
+def binding_result(error: str = "") -> dict[str, str]:
+    return {"Error": error}

@@ -1,0 +1,250 @@
+"""The extender's cluster view: reasons per node, scores that let the core policy decide,
+reservations in flight, events applied incrementally, rebuild from annotations."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from sharegpu import kobjects
+from sharegpu.annotations import encode
+from sharegpu.extender.view import UNKNOWN_NODE, ClusterView, default_workload
+from sharegpu.nodes import spec_from_node
+from sharegpu.placement.base import get_policy
+from sharegpu.request import parse_pod
+from sharegpu.scheduler import Scheduler
+from sharegpu.state import ClusterState
+
+
+def nodes() -> list[dict]:
+    return [
+        kobjects.node("shared-a", [16, 16], "cgpu"),
+        kobjects.node("shared-b", [32, 32, 32, 32], "cgpu"),
+        kobjects.node("core", [16, 16], "core_mem"),
+        kobjects.node("whole", [24] * 4, "default"),
+        kobjects.node("topo", [80] * 8, "topology"),
+    ]
+
+
+def view(policy: str = "default") -> ClusterView:
+    v = ClusterView(policy)
+    v.reset(nodes(), [])
+    return v
+
+
+def bound_pod(name: str, node: str, alloc, **kw) -> dict:
+    p = kobjects.pod(name, node_name=node, **kw)
+    p["metadata"]["annotations"] = encode(alloc, assume_time_ns=1)
+    return p
+
+
+ALL = ["shared-a", "shared-b", "core", "whole", "topo", "cpu-only"]
+
+
+def test_filter_gives_one_reason_per_rejected_node() -> None:
+    v = view()
+    req = parse_pod(kobjects.pod("p", mem=20))
+    passed, failed, unres = v.filter(req, ALL)
+    assert passed == ["shared-b"]
+    assert failed == {}
+    assert unres == {
+        "shared-a": "asks 20 GPU memory per GPU; the largest GPU has 16",
+        "core": "asks 20 GPU memory per GPU; the largest GPU has 16",
+        "whole": "node is in GPU mode 'default'; a shared GPU request needs "
+                 "ack.node.gpu.schedule=cgpu/core_mem/mps/share",
+        "topo": "node is in GPU mode 'topology'; a shared GPU request needs "
+                "ack.node.gpu.schedule=cgpu/core_mem/mps/share",
+        "cpu-only": UNKNOWN_NODE,
+    }
+
+
+def test_filter_resolvable_failures_are_separate() -> None:
+    v = view()
+    for i in range(2):
+        r = v.reserve(parse_pod(kobjects.pod(f"f{i}", mem=12)), "shared-a")
+        v.bound(r.request.key)
+    passed, failed, unres = v.filter(parse_pod(kobjects.pod("p", mem=8)), ["shared-a"])
+    assert passed == []
+    # the node could take the pod once others leave: preemption may help, so not unresolvable
+    assert failed == {"shared-a": "insufficient GPU memory in one device: needs 8 on 1 GPU(s), "
+                                  "the most free on one GPU is 4"}
+    assert unres == {}
+
+
+def test_pods_without_gpu_pass_everywhere() -> None:
+    v = view()
+    req = parse_pod(kobjects.pod("p", containers=[{}]))
+    assert v.filter(req, ALL) == (ALL, {}, {})
+    assert set(v.prioritize(req, ALL).values()) == {0}
+
+
+def test_prioritize_gives_ten_to_the_core_pick_only() -> None:
+    v = view()
+    req = parse_pod(kobjects.pod("p", mem=4))
+    scores = v.prioritize(req, ALL)
+    tens = [n for n, s in scores.items() if s == 10]
+    assert len(tens) == 1
+    d = v.scheduler.decide(req)
+    assert d is not None and tens == [d.node_name]
+    assert all(0 <= s <= 9 for n, s in scores.items() if n != tens[0])
+    assert scores["whole"] == scores["topo"] == scores["cpu-only"] == 0
+
+
+def _simulate(policy: str, node_objs: list[dict], pods: list[dict]) -> list[str | None]:
+    """The simulator's way: the core Scheduler over a ClusterState of the same nodes."""
+    state = ClusterState([spec_from_node(n) for n in node_objs])
+    pol = get_policy(policy)
+    pol.prepare(state, default_workload(state))
+    sched = Scheduler(state, pol, tie_break="order")
+    out = []
+    for p in pods:
+        d = sched.schedule(parse_pod(p))
+        out.append(d.node_name if d else None)
+    return out
+
+
+def _extender(policy: str, node_objs: list[dict], pods: list[dict]) -> list[str | None]:
+    """kube-scheduler's way: prioritize, take the best total (extender weight dominates), bind."""
+    v = ClusterView(policy, workload_refresh=10**9)  # keep the default workload, as above
+    v.reset(node_objs, [])
+    names = [n["metadata"]["name"] for n in node_objs]
+    out: list[str | None] = []
+    for p in pods:
+        req = parse_pod(p)
+        passed, _, _ = v.filter(req, names)
+        if not passed:
+            out.append(None)
+            continue
+        scores = v.prioritize(req, passed)
+        # kube-scheduler adds its own scores (0..100 per plugin); weight 100000 × 10 wins anyway
+        own = {n: random.Random(n).randint(0, 400) for n in passed}
+        best = max(passed, key=lambda n: scores[n] * 100_000 + own[n])
+        r = v.reserve(req, best)
+        v.bound(r.request.key)
+        out.append(best)
+    return out
+
+
+def test_placement_matches_the_simulator() -> None:
+    rng = random.Random(7)
+    node_objs = [kobjects.node(f"n{i:02d}", [rng.choice([16, 32])] * rng.choice([1, 2, 4, 8]),
+                               rng.choice(["cgpu", "cgpu", "core_mem", "default"]))
+                 for i in range(30)]
+    pods = []
+    for i in range(200):
+        k = rng.random()
+        if k < 0.5:
+            pods.append(kobjects.pod(f"p{i}", mem=rng.choice([1, 2, 4, 8, 16])))
+        elif k < 0.7:
+            pods.append(kobjects.pod(f"p{i}", mem=rng.choice([2, 4]), core=rng.choice([20, 50])))
+        elif k < 0.85:
+            pods.append(kobjects.pod(f"p{i}", mem=8, gpu_count=2))
+        else:
+            pods.append(kobjects.pod(f"p{i}", cards=rng.choice([1, 2])))
+    for policy in ("default", "bestfit", "spread"):
+        sim = _simulate(policy, node_objs, pods)
+        ext = _extender(policy, node_objs, pods)
+        assert ext == sim, policy
+        assert sum(x is not None for x in sim) > 100
+
+
+def test_reserve_explains_and_release_restores() -> None:
+    v = view()
+    before = v.fingerprint()
+    req = parse_pod(kobjects.pod("p", mem=8, core=50))
+    r = v.reserve(req, "core")
+    assert r.alloc.per_gpu_core() and "default/p" in v.inflight
+    v.release_inflight("default/p")
+    assert v.fingerprint() == before and not v.inflight
+    try:
+        v.reserve(parse_pod(kobjects.pod("q", mem=8, core=50)), "shared-a")
+    except Exception as e:
+        assert "shared-core GPU request needs ack.node.gpu.schedule=core_mem" in str(e)
+    else:
+        raise AssertionError("reserve on a cgpu node must fail for a compute request")
+
+
+def test_watch_events_apply_incrementally_and_stale_ones_are_ignored() -> None:
+    from sharegpu.annotations import Allocation
+
+    v = view()
+    alloc = Allocation(mem={0: {1: 6}})
+    p = bound_pod("a", "shared-a", alloc, mem=6)
+    v.upsert_pod(p)
+    assert v.state.pods["default/a"].alloc.per_gpu_mem() == {1: 6}
+    i = v.state.index["shared-a"]
+    assert int(v.state.gpu_free[i, 1]) == 10
+    # an older event (annotations written, not yet bound) arriving late changes nothing
+    stale = bound_pod("a", "", alloc, mem=6)
+    stale["spec"].pop("nodeName", None)
+    v.upsert_pod(stale)
+    assert "default/a" in v.state.pods
+    # the pod finishes: its GPUs are free again
+    done = bound_pod("a", "shared-a", alloc, mem=6)
+    done["status"]["phase"] = "Succeeded"
+    v.upsert_pod(done)
+    assert "default/a" not in v.state.pods and int(v.state.gpu_free[i, 1]) == 16
+    v.upsert_pod(p)
+    v.delete_pod(p)
+    assert "default/a" not in v.state.pods
+    assert v.drift() == []
+
+
+def test_events_for_a_pod_in_flight_do_not_touch_its_reservation() -> None:
+    v = view()
+    r = v.reserve(parse_pod(kobjects.pod("a", mem=4)), "shared-a")
+    unbound = kobjects.pod("a", mem=4)
+    v.upsert_pod(unbound)  # the watch shows the pod before our annotations land
+    assert v.state.pods["default/a"] is r
+    v.bound("default/a")
+    assert v.state.pods["default/a"].bound and v.drift() == []
+
+
+def test_reset_rebuilds_from_annotations_and_reports_over_commits() -> None:
+    from sharegpu.annotations import Allocation
+
+    v = ClusterView()
+    pods = [bound_pod("a", "shared-a", Allocation(mem={0: {0: 10}}), mem=10),
+            bound_pod("b", "shared-a", Allocation(mem={0: {0: 10}}), mem=10),  # over-commit
+            bound_pod("c", "core", Allocation(mem={0: {1: 4}}, core={0: {1: 40}}), mem=4,
+                      core=40),
+            bound_pod("d", "gone-node", Allocation(mem={0: {0: 1}}), mem=1)]
+    bad = v.reset(nodes(), pods)
+    assert bad == 1
+    assert set(v.state.pods) == {"default/a", "default/c"}
+    assert "default/b" in v.problems and "over-commit" in v.problems["default/b"]
+    i = v.state.index["core"]
+    assert int(v.state.core_free[i, 1]) == 60
+    # the node of pod d appears later: the pod holds its GPU from then on
+    v.upsert_node(kobjects.node("gone-node", [8], "cgpu"))
+    assert "default/d" in v.state.pods
+
+
+def test_node_update_and_bad_node_keep_pods() -> None:
+    from sharegpu.annotations import Allocation
+
+    v = view()
+    v.upsert_pod(bound_pod("a", "shared-a", Allocation(mem={0: {0: 10}}), mem=10))
+    bad = kobjects.node("shared-a", [16, 16], "cgpu")
+    bad["metadata"]["annotations"]["sharegpu.io/gpu-mem"] = "16,zero"
+    v.upsert_node(bad)  # unreadable: the last good view of the node is kept
+    assert "default/a" in v.state.pods and "node/shared-a" in v.problems
+    shrunk = kobjects.node("shared-a", [8, 8], "cgpu")
+    v.upsert_node(shrunk)  # the pod would no longer fit: refused, state unchanged
+    assert int(v.state.gpu_total[v.state.index["shared-a"], 0]) == 16
+    v.delete_node("shared-a")
+    assert "default/a" not in v.state.pods
+    v.upsert_node(kobjects.node("shared-a", [16, 16], "cgpu"))
+    assert "default/a" in v.state.pods  # its annotations still say so
+
+
+def test_workload_is_learnt_from_pods() -> None:
+    v = ClusterView(workload_refresh=5)
+    v.reset(nodes(), [])
+    assert v.workload is not None and len(v.shapes) == 0
+    for i in range(6):
+        r = v.reserve(parse_pod(kobjects.pod(f"p{i}", mem=2)), "shared-b")
+        v.bound(r.request.key)
+    v.maybe_refresh_workload()
+    assert list(v.workload.gpu) == [2] and np.isclose(v.workload.p.sum(), 1.0)

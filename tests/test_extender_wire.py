@@ -1,0 +1,73 @@
+"""kube-scheduler's extender wire format: CamelCase keys, names or full nodes, clear errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from sharegpu import kobjects
+from sharegpu.errors import ValidationError
+from sharegpu.extender import wire
+
+
+def test_node_names_request() -> None:
+    pod = kobjects.pod("p", mem=4)
+    a = wire.parse_args({"Pod": pod, "Nodes": None, "NodeNames": ["a", "b"]})
+    assert a.names == ["a", "b"] and a.nodes is None and a.node_cache_capable
+    out = wire.filter_result(a, ["b"], {"a": "full"}, {})
+    assert out == {"Nodes": None, "NodeNames": ["b"], "FailedNodes": {"a": "full"},
+                   "FailedAndUnresolvableNodes": {}, "Error": ""}
+
+
+def test_full_nodes_request_answers_with_nodes() -> None:
+    nodes = [kobjects.node("a", [16]), kobjects.node("b", [16])]
+    a = wire.parse_args({"Pod": kobjects.pod("p", mem=4), "Nodes": {"items": nodes}})
+    assert a.names == ["a", "b"] and not a.node_cache_capable
+    out = wire.filter_result(a, ["b"], {}, {"a": "wrong mode"})
+    assert out["NodeNames"] is None
+    assert [n["metadata"]["name"] for n in out["Nodes"]["items"]] == ["b"]
+    assert out["FailedAndUnresolvableNodes"] == {"a": "wrong mode"}
+
+
+def test_keys_match_case_insensitively_like_go() -> None:
+    a = wire.parse_args({"pod": kobjects.pod("p"), "nodenames": ["x"]})
+    assert a.names == ["x"]
+    b = wire.parse_binding({"podName": "p", "podNamespace": "ns", "podUID": "u", "node": "n"})
+    assert (b.pod_name, b.pod_namespace, b.pod_uid, b.node, b.key) == ("p", "ns", "u", "n", "ns/p")
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ([], "body"),
+    ({}, "Pod"),
+    ({"Pod": "x"}, "Pod"),
+    ({"Pod": {"metadata": {}}, "NodeNames": []}, "Pod.metadata.name"),
+    ({"Pod": kobjects.pod("p")}, "NodeNames"),
+    ({"Pod": kobjects.pod("p"), "NodeNames": "a,b"}, "NodeNames"),
+    ({"Pod": kobjects.pod("p"), "NodeNames": [1]}, "NodeNames"),
+    ({"Pod": kobjects.pod("p"), "Nodes": {"items": "x"}}, "Nodes.items"),
+    ({"Pod": kobjects.pod("p"), "Nodes": {"items": [{"metadata": {}}]}},
+     "Nodes.items[0].metadata.name"),
+])
+def test_malformed_args_name_the_field(body: object, field: str) -> None:
+    with pytest.raises(ValidationError) as e:
+        wire.parse_args(body)
+    assert e.value.field == field
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ("x", "body"),
+    ({"PodNamespace": "ns", "Node": "n"}, "PodName"),
+    ({"PodName": "p", "Node": "n"}, "PodNamespace"),
+    ({"PodName": "p", "PodNamespace": "ns"}, "Node"),
+    ({"PodName": 3, "PodNamespace": "ns", "Node": "n"}, "PodName"),
+])
+def test_malformed_binding_names_the_field(body: object, field: str) -> None:
+    with pytest.raises(ValidationError) as e:
+        wire.parse_binding(body)
+    assert e.value.field == field
+
+
+def test_priority_list_and_binding_result() -> None:
+    assert wire.priority_list({"a": 10, "b": 3}) == [{"Host": "a", "Score": 10},
+                                                     {"Host": "b", "Score": 3}]
+    assert wire.binding_result() == {"Error": ""}
+    assert wire.binding_result("boom") == {"Error": "boom"}
