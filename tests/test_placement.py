@@ -186,3 +186,17 @@ def test_fgd_scores_match_a_direct_computation():
                                       s.model[n : n + 1], wl, access)[0]
                 best = max(best, np.floor(100 / (1 + np.exp(-(before - after) / 1000))))
         assert got[j] == best
+
+
+def test_fgd_in_gib_units_scores_like_in_milli_units():
+    # the same decision as test_fgd_places_a_small_pod_where_it_fills_a_hole, with 16 GiB GPUs:
+    # scores are scaled by one GPU, so they do not all collapse to 50
+    wl = TargetWorkload.from_shapes([(0, 8, 1, "")] * 9 + [(0, 4, 1, "")])
+    s = ClusterState([NodeSpec(n, [16, 16]) for n in "ab"])
+    s.reserve(req("hole", mem=12), "a", Allocation(mem={0: {0: 12}}))
+    pol = get_policy("fgd")
+    pol.prepare(s, wl)
+    scores = pol.score(s, req("small", mem=4), np.array([0, 1]))
+    assert scores[0] > scores[1]
+    d = Scheduler(s, pol).decide(req("small", mem=4))
+    assert d.node_name == "a" and d.alloc.mem == {0: {0: 4}}
