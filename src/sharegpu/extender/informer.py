@@ -47,6 +47,7 @@ class Informer:
         self.ready = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._relist_lock = asyncio.Lock()
+        self._held: list[tuple[str, str, dict[str, Any]]] | None = None
 
     async def start(self) -> None:
         await self.relist()
@@ -69,18 +70,38 @@ class Informer:
     async def relist(self) -> None:
         """List nodes and pods and rebuild the view from them."""
         async with self._relist_lock:
-            nodes, nrv = await self.api.list(NODES)
-            pods, prv = await self.api.list(PODS)
+            # events that arrive while listing are held back, then replayed over the rebuilt
+            # view when they are newer than the list (older ones are in it already)
+            self._held = []
+            try:
+                nodes, nrv = await self.api.list(NODES)
+                pods, prv = await self.api.list(PODS)
+            except BaseException:
+                held, self._held = self._held, None
+                for path, kind, obj in held:
+                    self.apply(path, kind, obj)
+                raise
             t0 = time.perf_counter()
             bad = self.view.reset(nodes, pods)
+            held, self._held = self._held, None
+            listed = {NODES: _rv_int(nrv), PODS: _rv_int(prv)}
+            for path, kind, obj in held:
+                at, rv = listed[path], _rv_int(_rv(obj))
+                if at is None or rv is None or rv > at:
+                    self.apply(path, kind, obj)
             if self.metrics is not None:
                 self.metrics.rebuild_seconds.set(time.perf_counter() - t0)
                 self.metrics.relists.labels("all").inc()
-            self.rv[NODES], self.rv[PODS] = nrv, prv
+            for path, at_rv in ((NODES, nrv), (PODS, prv)):
+                if (_rv_int(self.rv[path]) or 0) < (_rv_int(at_rv) or 0):
+                    self.rv[path] = at_rv
             if bad:
                 log.warning("rebuild: %d pod(s) with annotations that could not be applied", bad)
 
     def apply(self, path: str, kind: str, obj: dict[str, Any]) -> None:
+        if self._held is not None:
+            self._held.append((path, kind, obj))
+            return
         if path == NODES:
             if kind == "DELETED":
                 self.view.delete_node(str((obj.get("metadata") or {}).get("name") or ""))
@@ -178,7 +199,7 @@ class Informer:
             if key in view.inflight:
                 continue
             try:
-                p = placement_of(obj)
+                p = placement_of(obj) or view.known_bound(obj)
             except ValidationError:
                 continue
             if p is not None:

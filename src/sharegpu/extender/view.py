@@ -221,6 +221,8 @@ class ClusterView:
                 bad += 1
                 continue
             if p is None:
+                p = self.known_bound(obj)
+            if p is None:
                 continue
             if p[1] not in state.index:
                 placed[key] = p  # applied when the node appears
@@ -248,6 +250,17 @@ class ClusterView:
         self._prepare()
         self.synced = True
         return bad
+
+    def known_bound(self, obj: Mapping[str, Any]) -> Placed | None:
+        """Our placement of a pod that a list shows unbound though this view saw it bound
+        (the list was taken before our binding landed; ``nodeName`` never goes back)."""
+        if (obj.get("spec") or {}).get("nodeName") or _ended(obj):
+            return None
+        p = self.placed.get(_key(obj))
+        uid = str((obj.get("metadata") or {}).get("uid") or "")
+        if p is None or (uid and p[0].uid and p[0].uid != uid):
+            return None
+        return p
 
     # -- nodes ---------------
     def _spec(self, obj: Mapping[str, Any]) -> NodeSpec | None:
