@@ -134,10 +134,12 @@ def test_faults_and_leader_loss(fake_api_factory: Any) -> None:
             await r.start()
         # 10 % of pod writes (annotation patches, bindings) fail: 409 and 500, a share of them
         # after the write happened (the answer is lost)
-        fake.faults.fail(verbs="write", resources=["pods"], rate=0.04, code=409)
-        fake.faults.fail(verbs="write", resources=["pods"], rate=0.04, code=500)
-        fake.faults.fail(verbs="write", resources=["pods"], rate=0.02, code=500,
-                         after_commit=True)
+        rules = [
+            fake.faults.fail(verbs="write", resources=["pods"], rate=0.04, code=409),
+            fake.faults.fail(verbs="write", resources=["pods"], rate=0.04, code=500),
+            fake.faults.fail(verbs="write", resources=["pods"], rate=0.02, code=500,
+                             after_commit=True),
+        ]
         killed: dict[str, float] = {}
         alive = list(replicas)
 
@@ -165,6 +167,11 @@ def test_faults_and_leader_loss(fake_api_factory: Any) -> None:
             (survivor,) = alive
             assert survivor.is_leader() and survivor.identity != killed["who"]
             assert out.bind_errors > 0 and out.retries_after_leader_loss > 0
+            assert all(rule.fired > 5 for rule in rules)
+            # start, taking over, then at least the 410 after the compaction
+            relists = survivor.metrics.registry.get_sample_value(
+                "sharegpu_extender_relists_total", {"resource": "all"})
+            assert relists is not None and relists >= 3
             _check(fake, pods, alive, out)
             lease = fake.get("leases", "sharegpu-extender", "kube-system")
             assert lease["spec"]["holderIdentity"] == survivor.identity
