@@ -112,7 +112,7 @@ class Driver:
             try:
                 async with s.post(f"{url}/{verb}", json=body) as r:
                     return await r.json()
-            except (aiohttp.ClientError, asyncio.TimeoutError):
+            except (TimeoutError, aiohttp.ClientError):
                 self._url = ""
                 self.out.retries_after_leader_loss += 1
                 await asyncio.sleep(0.05)

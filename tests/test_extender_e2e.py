@@ -15,7 +15,6 @@ import time
 from typing import Any
 
 from scheduler_driver import REASONS, Driver, mixed_nodes, mixed_pods, over_commits
-
 from sharegpu.extender.kube import KubeApi
 from sharegpu.extender.replica import Replica
 from sharegpu.extender.view import ClusterView

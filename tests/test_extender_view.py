@@ -230,9 +230,11 @@ def test_node_update_and_bad_node_keep_pods() -> None:
     bad["metadata"]["annotations"]["sharegpu.io/gpu-mem"] = "16,zero"
     v.upsert_node(bad)  # unreadable: the last good view of the node is kept
     assert "default/a" in v.state.pods and "node/shared-a" in v.problems
-    shrunk = kobjects.node("shared-a", [8, 8], "cgpu")
-    v.upsert_node(shrunk)  # the pod would no longer fit: refused, state unchanged
-    assert int(v.state.gpu_total[v.state.index["shared-a"], 0]) == 16
+    v.upsert_pod(bound_pod("b", "shared-a", Allocation(mem={0: {1: 2}}), mem=2))
+    v.upsert_node(kobjects.node("shared-a", [16], "cgpu"))  # drops GPU 1 that b holds
+    assert "refused" in v.problems["node/shared-a"]
+    assert int(v.state.gpu_count[v.state.index["shared-a"]]) == 2
+    assert {"default/a", "default/b"} <= set(v.state.pods)
     v.delete_node("shared-a")
     assert "default/a" not in v.state.pods
     v.upsert_node(kobjects.node("shared-a", [16, 16], "cgpu"))
