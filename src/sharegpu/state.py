@@ -28,6 +28,7 @@ UNBOUNDED = np.iinfo(np.int64).max // 4
 
 # which node modes serve which pod kinds
 _MODE_CODES = {m: i for i, m in enumerate(Mode)}
+_MODES_BY_CODE = list(Mode)
 _KIND_MODES: dict[Kind, frozenset[Mode]] = {
     Kind.NONE: frozenset(Mode),
     Kind.SHARED: frozenset({Mode.CGPU, Mode.CORE_MEM, Mode.SHARE, Mode.MPS}),
@@ -448,6 +449,113 @@ class ClusterState:
         self._apply(r, +1)
         self.pods[req.key] = r
         return r
+
+    def restore(
+        self, placed: Iterable[tuple[PodRequest, str, Allocation]]
+    ) -> list[tuple[str, str]]:
+        """Reserve and bind many placements read back from annotations (a rebuild), node by
+        node. Where a node's pods fit together (the sums of what they hold do not depend on the
+        order), they are applied in one pass; on a node where they do not, they are reserved one
+        by one with :meth:`reserve`, so exactly the ones that over-commit are reported, never
+        applied. Returns (pod key, reason) for each record not applied."""
+        problems: list[tuple[str, str]] = []
+        groups: dict[int, list[tuple[PodRequest, Allocation]]] = {}
+        seen: set[str] = set()
+        for req, node, alloc in placed:
+            i = self.index.get(node)
+            if i is None:
+                problems.append((req.key, f"node {node!r} is unknown"))
+            elif req.key in self.pods or req.key in seen:
+                problems.append((req.key, "placed twice"))
+            else:
+                seen.add(req.key)
+                groups.setdefault(i, []).append((req, alloc))
+        for i, group in groups.items():
+            if self._restore_node(i, group):
+                continue
+            for req, alloc in group:
+                try:
+                    self.reserve(req, i, alloc)
+                    self.bind(req.key)
+                except PlacementError as e:
+                    problems.append((req.key, str(e)))
+        return problems
+
+    def _restore_node(self, i: int, group: list[tuple[PodRequest, Allocation]]) -> bool:
+        """Apply ``group`` on node ``i`` at once when every rule of :meth:`_check` holds for
+        all of them together; ``False`` (nothing changed) otherwise."""
+        spec = self.specs[i]
+        if spec is None or not self.active[i]:
+            return False
+        g = int(self.gpu_count[i])
+        free = self.gpu_free[i, :g].tolist()
+        total = self.gpu_total[i, :g].tolist()
+        core = self.core_free[i, :g].tolist()
+        pods = self.gpu_pods[i, :g].tolist()
+        busy = [pods[x] > 0 or free[x] != total[x] for x in range(g)]
+        whole: list[int] = [0] * g
+        cpu = mem = 0
+        kinds: set[Kind] = set()
+        mode = _MODES_BY_CODE[int(self.mode[i])]
+        done: list[Reservation] = []
+        for req, alloc in group:
+            if mode not in _KIND_MODES[req.kind]:
+                return False
+            if req.models is not None and spec.model not in req.models:
+                return False
+            kinds.add(req.kind)
+            cpu += req.cpu_milli
+            mem += req.mem_mib
+            if any(c.whole for c in req.containers):
+                alloc = whole_card_allocation(self, req, i, alloc)
+            for c in req.containers:
+                got = alloc.mem.get(c.index, {})
+                if len(got) != c.gpus:
+                    return False
+                for gpu, v in got.items():
+                    if not 0 <= gpu < g:
+                        return False
+                    if c.whole:
+                        whole[gpu] += 1
+                    elif v != c.gpu_mem:
+                        return False
+            for gpu, v in alloc.per_gpu_mem().items():
+                if not 0 <= gpu < g:
+                    return False
+                free[gpu] -= v
+            for gpu, v in alloc.per_gpu_core().items():
+                if not 0 <= gpu < g:
+                    return False
+                core[gpu] -= v
+            for gpu in {x for per in alloc.mem.values() for x in per}:
+                pods[gpu] += 1
+            done.append(Reservation(req, spec.name, alloc, bound=True))
+        if cpu > self.cpu_free[i] or mem > self.mem_free[i]:
+            return False
+        if Kind.SHARED in kinds and (Kind.SHARED_CORE in kinds or self.pods_mem_core[i]):
+            return False
+        if Kind.SHARED_CORE in kinds and self.pods_mem_only[i]:
+            return False
+        for x in range(g):
+            if free[x] < 0 or core[x] < 0 or pods[x] > self.max_pods_per_gpu:
+                return False
+            if whole[x] and (busy[x] or pods[x] != whole[x] or whole[x] > 1):
+                return False
+        self.gpu_free[i, :g] = free
+        self.core_free[i, :g] = core
+        self.gpu_pods[i, :g] = pods
+        self.free_sum[i] = sum(free)
+        self.cpu_free[i] -= cpu
+        self.mem_free[i] -= mem
+        for r in done:
+            if r.request.kind is Kind.SHARED:
+                self.pods_mem_only[i] += 1
+            elif r.request.kind is Kind.SHARED_CORE:
+                self.pods_mem_core[i] += 1
+            self._node_pods[i].add(r.request.key)
+            self.pods[r.request.key] = r
+        self.version[i] += 1
+        return True
 
     def release(self, key: str) -> Reservation | None:
         """Give back what the pod holds; ``None`` when it held nothing."""

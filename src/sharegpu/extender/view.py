@@ -209,6 +209,7 @@ class ClusterView:
                 state.add_node(spec)
                 specs[spec.name] = spec
         placed: dict[str, Placed] = {}
+        records: list[Placed] = []
         bad = 0
         for obj in pods:
             key = _key(obj)
@@ -224,16 +225,13 @@ class ClusterView:
                 p = self.known_bound(obj)
             if p is None:
                 continue
-            if p[1] not in state.index:
-                placed[key] = p  # applied when the node appears
-                continue
-            try:
-                state.reserve(p[0], p[1], p[2])
-                state.bind(key)
-                placed[key] = p
-            except PlacementError as e:
-                self._problem(key, f"annotations over-commit: {e}")
-                bad += 1
+            placed[key] = p
+            if p[1] in state.index:  # else applied when the node appears
+                records.append(p)
+        for key, reason in state.restore(records):
+            self._problem(key, f"annotations over-commit: {reason}")
+            placed.pop(key, None)
+            bad += 1
         for key, r in list(self.inflight.items()):
             try:
                 self.inflight[key] = state.reserve(r.request, r.node, r.alloc)
