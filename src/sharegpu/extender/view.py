@@ -150,6 +150,8 @@ class ClusterView:
         self.workload: TargetWorkload | None = None
         self.problems: OrderedDict[str, str] = OrderedDict()
         self._reasons: OrderedDict[tuple[Any, ...], dict[int, tuple[int, str]]] = OrderedDict()
+        self._empty_ok: dict[tuple[Any, ...], tuple[int, np.ndarray]] = {}
+        self._nodes_version = 0  # grows whenever a node is added, changed or removed
         self.synced = False
         self.reader = PlacementReader()
         # FGD scores a node from that node's row alone, so its scores can be kept per request
@@ -239,6 +241,7 @@ class ClusterView:
                 self._problem(key, f"in-flight reservation dropped on rebuild: {e}")
                 del self.inflight[key]
         self.state, self.specs, self.placed = state, specs, placed
+        self._nodes_version += 1
         self.scheduler = Scheduler(state, self.policy, tie_break="order")
         self._reasons.clear()
         self._shape_of.clear()
@@ -286,6 +289,7 @@ class ClusterView:
             self._problem(f"node/{name}", f"node update refused, pods no longer fit: {e}")
             return
         self.specs[name] = spec
+        self._nodes_version += 1
         if fresh:
             for key, (req, node, alloc) in self.placed.items():
                 if node == name and key not in self.state.pods:
@@ -295,6 +299,7 @@ class ClusterView:
 
     def delete_node(self, name: str) -> None:
         if name in self.state.index:
+            self._nodes_version += 1
             for key in self.state.remove_node(name):
                 self.inflight.pop(key, None)
         self.specs.pop(name, None)
@@ -345,6 +350,11 @@ class ClusterView:
             self.scheduler.release(key)
 
     # -- decisions ---------------
+    def slots(self, names: list[str]) -> np.ndarray:
+        """Node slot of each name, -1 for names the view does not know."""
+        get = self.state.index.get
+        return np.fromiter((get(n, -1) for n in names), dtype=np.int64, count=len(names))
+
     def filter(
         self, req: PodRequest, names: list[str]
     ) -> tuple[list[str], dict[str, str], dict[str, str]]:
@@ -352,21 +362,23 @@ class ClusterView:
         if not req.wants_gpu:
             return list(names), {}, {}
         self.maybe_refresh_workload()
-        feasible = self.state.feasible(req)
-        index = self.state.index
-        passed: list[str] = []
+        slots = self.slots(names)
+        known = slots >= 0
+        ok = np.zeros(len(names), dtype=bool)
+        ok[known] = self.state.feasible(req)[slots[known]]
+        passed = [names[j] for j in np.flatnonzero(ok).tolist()]
         failed: dict[str, str] = {}
         unres: dict[str, str] = {}
-        empty_ok: np.ndarray | None = None
+        bad = np.flatnonzero(~ok)
+        if len(bad) == 0:
+            return passed, failed, unres
         cache = self._reason_cache(req)
         version = self.state.version
-        for name in names:
-            i = index.get(name)
-            if i is None:
+        empty_ok = self.fits_empty(req)
+        for j, i in zip(bad.tolist(), slots[bad].tolist(), strict=True):
+            name = names[j]
+            if i < 0:
                 unres[name] = UNKNOWN_NODE
-                continue
-            if feasible[i]:
-                passed.append(name)
                 continue
             hit = cache.get(i)
             if hit is not None and hit[0] == version[i]:
@@ -374,8 +386,6 @@ class ClusterView:
             else:
                 reason = self.state.explain(req, i) or "does not fit"
                 cache[i] = (int(version[i]), reason)
-            if empty_ok is None:
-                empty_ok = self.fits_empty(req)
             (failed if empty_ok[i] else unres)[name] = reason
         return passed, failed, unres
 
@@ -391,7 +401,19 @@ class ClusterView:
         return c
 
     def fits_empty(self, req: PodRequest) -> np.ndarray:
-        """Nodes where the pod would fit if they were empty (else no preemption can help)."""
+        """Nodes where the pod would fit if they were empty (else no preemption can help);
+        kept per request shape until a node is added, changed or removed."""
+        k = request_key(req)
+        hit = self._empty_ok.get(k)
+        if hit is not None and hit[0] == self._nodes_version:
+            return hit[1]
+        ok = self._fits_empty(req)
+        if len(self._empty_ok) > 256:
+            self._empty_ok.clear()
+        self._empty_ok[k] = (self._nodes_version, ok)
+        return ok
+
+    def _fits_empty(self, req: PodRequest) -> np.ndarray:
         st, n = self.state, self.state.n
         ok = st.active[:n].copy()
         modes = _KIND_MODES[req.kind]
@@ -410,19 +432,15 @@ class ClusterView:
     def prioritize(self, req: PodRequest, names: list[str]) -> dict[str, int]:
         """Scores 0..10: the node the core policy would pick gets 10, the other feasible nodes
         0..9 in the order of the policy's scores, infeasible nodes 0."""
-        out = dict.fromkeys(names, 0)
         if not req.wants_gpu or not names:
-            return out
+            return dict.fromkeys(names, 0)
         self.maybe_refresh_workload()
+        slots = self.slots(names)
         among = np.zeros(self.state.n, dtype=bool)
-        index = self.state.index
-        for name in names:
-            i = index.get(name)
-            if i is not None:
-                among[i] = True
+        among[slots[slots >= 0]] = True
         nodes = self.scheduler.candidates(req, among)
         if len(nodes) == 0:
-            return out
+            return dict.fromkeys(names, 0)
         scores = self.scores(req, nodes)
         if self.policy.integer_scores:
             scores = np.floor(scores)
@@ -432,13 +450,10 @@ class ClusterView:
             scaled = np.floor(9.0 * (scores - lo) / (hi - lo)).astype(np.int64)
         else:
             scaled = np.full(len(nodes), 9, dtype=np.int64)
-        scaled = np.minimum(scaled, 9)
-        specs = self.state.specs
-        for i, s in zip(nodes.tolist(), scaled.tolist(), strict=True):
-            spec = specs[i]
-            assert spec is not None
-            out[spec.name] = 10 if i == best else int(s)
-        return out
+        by_slot = np.zeros(self.state.n + 1, dtype=np.int64)  # the last one: unknown names
+        by_slot[nodes] = np.minimum(scaled, 9)
+        by_slot[best] = 10
+        return dict(zip(names, by_slot[slots].tolist(), strict=True))
 
     def scores(self, req: PodRequest, nodes: np.ndarray) -> np.ndarray:
         """The policy's scores for feasible ``nodes``."""
