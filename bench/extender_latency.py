@@ -67,17 +67,19 @@ def pods(n: int, seed: int = 2) -> list[tuple[str, dict[str, Any]]]:
     for i in range(n):
         r = rng.random()
         name = f"pod-{i:06d}"
+        kw = {"uid": f"uid-{name}"}  # the same in the server and the driver process
         if r < 0.45:
-            out.append(("mem", kobjects.pod(name, mem=rng.choice([1, 2, 4, 8, 12]))))
+            out.append(("mem", kobjects.pod(name, mem=rng.choice([1, 2, 4, 8, 12]), **kw)))
         elif r < 0.65:
             out.append(("core", kobjects.pod(name, mem=rng.choice([2, 4, 8]),
-                                             core=rng.choice([10, 25, 30, 50]))))
+                                             core=rng.choice([10, 25, 30, 50]), **kw)))
         elif r < 0.75:
-            out.append(("multi", kobjects.pod(name, mem=rng.choice([8, 16, 32]), gpu_count=2)))
+            out.append(("multi", kobjects.pod(name, mem=rng.choice([8, 16, 32]), gpu_count=2,
+                                              **kw)))
         elif r < 0.9:
-            out.append(("cards", kobjects.pod(name, cards=rng.choice([1, 1, 2, 4]))))
+            out.append(("cards", kobjects.pod(name, cards=rng.choice([1, 1, 2, 4]), **kw)))
         else:
-            out.append(("topology", kobjects.pod(name, topology=rng.choice([1, 2, 4, 8]))))
+            out.append(("topology", kobjects.pod(name, topology=rng.choice([1, 2, 4, 8]), **kw)))
     return out
 
 

@@ -166,10 +166,3 @@ def test_http_validate_and_fail_closed() -> None:
             assert r.status == 200
 
     asyncio.run(go())
-
-
-def test_webhook_command_needs_tls_unless_insecure(capsys: pytest.CaptureFixture[str]) -> None:
-    from sharegpu.cli import main
-
-    assert main(["webhook", "--listen", "127.0.0.1:0"]) == 2
-    assert "--tls-cert" in capsys.readouterr().err
