@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Mapping
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -151,6 +152,7 @@ class ClusterView:
         self.problems: OrderedDict[str, str] = OrderedDict()
         self._reasons: OrderedDict[tuple[Any, ...], dict[int, tuple[int, str]]] = OrderedDict()
         self._empty_ok: dict[tuple[Any, ...], tuple[int, np.ndarray]] = {}
+        self._feasible: tuple[tuple[Any, ...], np.ndarray] | None = None
         self._nodes_version = 0  # grows whenever a node is added, changed or removed
         self.synced = False
         self.reader = PlacementReader()
@@ -352,7 +354,13 @@ class ClusterView:
     # -- decisions ---------------
     def slots(self, names: list[str]) -> np.ndarray:
         """Node slot of each name, -1 for names the view does not know."""
-        get = self.state.index.get
+        index = self.state.index
+        if len(names) > 1:
+            try:  # all known: one C-level lookup
+                return np.array(itemgetter(*names)(index), dtype=np.int64)
+            except KeyError:
+                pass
+        get = index.get
         return np.fromiter((get(n, -1) for n in names), dtype=np.int64, count=len(names))
 
     def filter(
@@ -365,7 +373,7 @@ class ClusterView:
         slots = self.slots(names)
         known = slots >= 0
         ok = np.zeros(len(names), dtype=bool)
-        ok[known] = self.state.feasible(req)[slots[known]]
+        ok[known] = self.feasible(req)[slots[known]]
         passed = [names[j] for j in np.flatnonzero(ok).tolist()]
         failed: dict[str, str] = {}
         unres: dict[str, str] = {}
@@ -388,6 +396,17 @@ class ClusterView:
                 cache[i] = (int(version[i]), reason)
             (failed if empty_ok[i] else unres)[name] = reason
         return passed, failed, unres
+
+    def feasible(self, req: PodRequest) -> np.ndarray:
+        """The core's feasibility mask, kept until any node changes (a filter and the
+        prioritize that follows it for the same pod ask twice)."""
+        st = self.state
+        stamp = (request_key(req), id(st), st.n, int(st.version[: st.n].sum()))
+        if self._feasible is not None and self._feasible[0] == stamp:
+            return self._feasible[1]
+        mask = st.feasible(req)
+        self._feasible = (stamp, mask)
+        return mask
 
     def _reason_cache(self, req: PodRequest) -> dict[int, tuple[int, str]]:
         k = request_key(req)
@@ -438,7 +457,7 @@ class ClusterView:
         slots = self.slots(names)
         among = np.zeros(self.state.n, dtype=bool)
         among[slots[slots >= 0]] = True
-        nodes = self.scheduler.candidates(req, among)
+        nodes = np.flatnonzero(self.feasible(req) & among)
         if len(nodes) == 0:
             return dict.fromkeys(names, 0)
         scores = self.scores(req, nodes)
