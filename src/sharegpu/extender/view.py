@@ -243,6 +243,7 @@ class ClusterView:
                 self._problem(key, f"in-flight reservation dropped on rebuild: {e}")
                 del self.inflight[key]
         self.state, self.specs, self.placed = state, specs, placed
+        self._feasible = None
         self._nodes_version += 1
         self.scheduler = Scheduler(state, self.policy, tie_break="order")
         self._reasons.clear()
