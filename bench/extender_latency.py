@@ -199,6 +199,64 @@ async def drive(port: int, n_nodes: int, work: list[tuple[str, dict[str, Any]]],
     }
 
 
+def direct(n_nodes: int, work: list[tuple[str, dict[str, Any]]], warmup: int) -> dict[str, Any]:
+    """The same pods through the view and the binder in one process, no HTTP: what the
+    extender's own logic costs (the candidate lists of the ``scheduler`` scenario)."""
+    from sharegpu.extender.bind import Binder
+    from sharegpu.extender.memapi import MemoryApi
+    from sharegpu.extender.view import ClusterView
+    from sharegpu.extender.wire import BindingArgs
+    from sharegpu.request import parse_pod
+
+    nodes = cluster(n_nodes)
+    view = ClusterView("default")
+    view.reset(nodes, [])
+    api = MemoryApi(p for _, p in work)
+    binder = Binder(api, lambda: view)
+    by_kind = {k: [n["metadata"]["name"] for n in nodes
+                   if Mode(n["metadata"]["labels"][names.LABEL_SCHEDULE]) in m]
+               for k, m in KIND_MODES.items()}
+    sample = max(100, n_nodes // 10)
+    rng = random.Random(3)
+    lat: dict[str, list[float]] = {"filter": [], "prioritize": [], "bind": []}
+
+    async def go() -> float:
+        t_start = time.perf_counter()
+        for n, (kind, pod) in enumerate(work):
+            if n == warmup:
+                for xs in lat.values():
+                    xs.clear()
+                t_start = time.perf_counter()
+            pool = by_kind[kind]
+            cand = rng.sample(pool, min(sample, len(pool)))
+            t0 = time.perf_counter()
+            passed, _, _ = view.filter(parse_pod(pod), cand)
+            t1 = time.perf_counter()
+            if not passed:
+                continue
+            scores = view.prioritize(parse_pod(pod), passed)
+            t2 = time.perf_counter()
+            node = max(scores, key=scores.__getitem__)
+            m = pod["metadata"]
+            await binder.bind(BindingArgs(m["name"], m["namespace"], m["uid"], node))
+            t3 = time.perf_counter()
+            lat["filter"].append(t1 - t0)
+            lat["prioritize"].append(t2 - t1)
+            lat["bind"].append(t3 - t2)
+        return time.perf_counter() - t_start
+
+    wall = asyncio.run(go())
+
+    def pct(xs: list[float], q: float) -> float:
+        return round(float(np.percentile(np.array(xs) * 1000, q)), 3) if xs else 0.0
+
+    return {"candidates": "scheduler, in process (no HTTP)", "warmup_pods": warmup,
+            "pods": len(work) - warmup,
+            "pods_per_s": round((len(work) - warmup) / wall, 1),
+            "latency_ms": {v: {"p50": pct(x, 50), "p99": pct(x, 99), "n": len(x)}
+                           for v, x in lat.items()}}
+
+
 def run_scenario(n_nodes: int, n_pods: int, mode: str, inflight: int,
                  warmup: int) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
@@ -286,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
                               "policy": "default (fgd)", "scenarios": []}
     for m in modes:
         result["scenarios"].append(run_scenario(a.nodes, a.pods, m, a.inflight, a.warmup))
+    result["scenarios"].append(direct(a.nodes, pods(a.pods + a.warmup), a.warmup))
     if a.rebuild_pods:
         result["rebuild"] = rebuild_time(a.nodes, a.rebuild_pods)
     if a.json:
