@@ -81,7 +81,7 @@ def parse_args(body: Any) -> ExtenderArgs:
         return ExtenderArgs(pod, names, list(items))
     if raw_names is None:
         raise ValidationError("NodeNames", None, "one of Nodes or NodeNames must be set")
-    if not isinstance(raw_names, list) or not all(isinstance(n, str) for n in raw_names):
+    if not isinstance(raw_names, list) or not set(map(type, raw_names)) <= {str}:
         raise ValidationError("NodeNames", raw_names, "must be a list of node names")
     return ExtenderArgs(pod, list(raw_names), None)
 
@@ -134,7 +134,7 @@ def error_filter_result(message: str) -> dict[str, Any]:
 
 
 def priority_list(scores: Mapping[str, int]) -> list[dict[str, Any]]:
-    return [{"Host": h, "Score": int(s)} for h, s in scores.items()]
+    return [{"Host": h, "Score": s} for h, s in scores.items()]
 
 
 def binding_result(error: str = "") -> dict[str, str]:
