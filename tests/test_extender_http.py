@@ -246,6 +246,8 @@ def test_metrics_endpoint() -> None:
         assert 'sharegpu_gpu_memory_allocated{gpu="0",node="a"} 6.0' in text
         assert 'sharegpu_gpu_memory_total{gpu="1",node="a"} 16.0' in text
         assert 'sharegpu_node_gpu_memory_allocated{node="a"} 6.0' in text
+        assert 'sharegpu_gpu_core_total_percent{gpu="0",node="b"} 100.0' in text
+        assert 'sharegpu_gpu_core_allocated_percent{gpu="0",node="b"} 0.0' in text
         assert 'sharegpu_extender_request_seconds_count{verb="bind"} 2.0' in text
         assert 'sharegpu_extender_decisions_total{result="ok",verb="bind"} 1.0' in text
         assert 'sharegpu_extender_failures_total{reason="read-pod",verb="bind"} 1.0' in text

@@ -55,7 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="replica identity (default: hostname)")
     p.add_argument("--no-leader-election", action="store_true",
                    help="bind without a Lease (a single replica only)")
-    p.add_argument("--check-every", type=float, default=60.0,
+    p.add_argument("--check-every", type=float, default=300.0,
                    help="seconds between consistency checks against the pod annotations")
     p.add_argument("--log-level", default="INFO")
 

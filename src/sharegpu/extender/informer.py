@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..state import rebuild
+from ..state import ClusterState
 from .kube import NODES, PODS, ApiError, Gone, KubeApi
 from .metrics import Metrics
 from .view import ClusterView
@@ -35,7 +35,7 @@ def _rv_int(rv: str) -> int | None:
 
 class Informer:
     def __init__(self, api: KubeApi, view: ClusterView, metrics: Metrics | None = None, *,
-                 check_every: float = 60.0, backoff: float = 0.5,
+                 check_every: float = 300.0, backoff: float = 0.5,
                  on_event: Callable[[str, str, dict[str, Any]], None] | None = None) -> None:
         self.api = api
         self.view = view
@@ -204,7 +204,8 @@ class Informer:
                 continue
             if p is not None:
                 placed.append(p)
-        fresh, _problems = rebuild(specs, placed)
+        fresh = ClusterState(specs)
+        fresh.restore(placed)
         for r in view.inflight.values():
             with contextlib.suppress(PlacementError, KeyError):
                 fresh.reserve(r.request, r.node, r.alloc)

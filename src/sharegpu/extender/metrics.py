@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from .. import names
 from .view import ClusterView
 
 BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -29,6 +30,8 @@ class _GpuCollector(Collector):
                                            "GPU memory (GiB)", labels=labels),
             "mem_alloc": GaugeMetricFamily("sharegpu_gpu_memory_allocated",
                                            "GPU memory allocated to pods (GiB)", labels=labels),
+            "core_total": GaugeMetricFamily("sharegpu_gpu_core_total_percent",
+                                            "GPU compute (percent of the GPU)", labels=labels),
             "core_alloc": GaugeMetricFamily("sharegpu_gpu_core_allocated_percent",
                                             "GPU compute allocated to pods (percent of the GPU)",
                                             labels=labels),
@@ -48,7 +51,8 @@ class _GpuCollector(Collector):
                 lab = [name, str(j)]
                 fams["mem_total"].add_metric(lab, tot[j])
                 fams["mem_alloc"].add_metric(lab, tot[j] - free[j])
-                fams["core_alloc"].add_metric(lab, 100 - core[j])
+                fams["core_total"].add_metric(lab, names.CORE_PER_GPU)
+                fams["core_alloc"].add_metric(lab, names.CORE_PER_GPU - core[j])
                 fams["pods"].add_metric(lab, pods[j])
             node_mem.add_metric([name], sum(tot) - sum(free))
             node_total.add_metric([name], sum(tot))
