@@ -128,7 +128,20 @@ async def drive(port: int, n_nodes: int, work: list[tuple[str, dict[str, Any]]],
     sem = asyncio.Semaphore(inflight)
     tasks: set[asyncio.Task[None]] = set()
     conn = aiohttp.TCPConnector(limit=inflight + 4)
+    before: dict[str, tuple[float, float]] = {}
     async with aiohttp.ClientSession(connector=conn) as s:
+
+        async def server_time() -> dict[str, tuple[float, float]]:
+            """(sum of seconds, count) per verb from the extender's own histogram."""
+            async with s.get(f"{url}/metrics") as r:
+                text = await r.text()
+            out: dict[str, list[float]] = {}
+            for line in text.splitlines():
+                for part, i in (("_sum{", 0), ("_count{", 1)):
+                    if line.startswith("sharegpu_extender_request_seconds" + part):
+                        verb = line.split('verb="')[1].split('"')[0]
+                        out.setdefault(verb, [0.0, 0.0])[i] = float(line.rsplit(" ", 1)[1])
+            return {v: (x[0], x[1]) for v, x in out.items()}
 
         async def post(verb: str, body: Any) -> Any:
             data = json.dumps(body, separators=(",", ":"))
@@ -154,6 +167,7 @@ async def drive(port: int, n_nodes: int, work: list[tuple[str, dict[str, Any]]],
             if n == warmup:  # measure from here: the policy's caches are warm
                 if tasks:
                     await asyncio.gather(*tasks)
+                before = await server_time()
                 for xs in lat.values():
                     xs.clear()
                 errors.update(dict.fromkeys(errors, 0))
@@ -184,6 +198,12 @@ async def drive(port: int, n_nodes: int, work: list[tuple[str, dict[str, Any]]],
         if tasks:
             await asyncio.gather(*tasks)
         wall = time.perf_counter() - t_start
+        after = await server_time()
+    server_ms = {
+        v: round(1000 * (after[v][0] - before.get(v, (0.0, 0.0))[0])
+                 / max(after[v][1] - before.get(v, (0.0, 0.0))[1], 1), 3)
+        for v in lat if v in after
+    }
 
     def pct(xs: list[float], q: float) -> float:
         return round(float(np.percentile(np.array(xs) * 1000, q)), 3) if xs else 0.0
@@ -195,6 +215,9 @@ async def drive(port: int, n_nodes: int, work: list[tuple[str, dict[str, Any]]],
         "pods_per_s": round((len(work) - warmup) / wall, 1),
         "latency_ms": {v: {"p50": pct(x, 50), "p99": pct(x, 99), "n": len(x)}
                        for v, x in lat.items()},
+        "server_mean_ms": server_ms,
+        # pods/s one extender process could serve if HTTP clients cost it nothing more
+        "server_capacity_pods_per_s": round(1000 / max(sum(server_ms.values()), 1e-9), 1),
         "errors": errors,
     }
 
