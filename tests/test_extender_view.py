@@ -250,3 +250,27 @@ def test_workload_is_learnt_from_pods() -> None:
         v.bound(r.request.key)
     v.maybe_refresh_workload()
     assert list(v.workload.gpu) == [2] and np.isclose(v.workload.p.sum(), 1.0)
+
+
+def test_workload_is_handed_over_again_only_when_it_moved() -> None:
+    v = ClusterView(workload_refresh=5)
+    v.reset([kobjects.node(f"n{i}", [32] * 8, "cgpu") for i in range(10)], [])
+    n = 0
+
+    def place(mem: int, count: int) -> None:
+        nonlocal n
+        for _ in range(count):
+            req = parse_pod(kobjects.pod(f"p{n}", mem=mem))
+            n += 1
+            d = v.scheduler.decide(req)
+            assert d is not None
+            v.bound(v.reserve(req, d.node_name).request.key)
+            v.maybe_refresh_workload()
+
+    place(2, 6)
+    learnt = v.workload
+    assert learnt is not None and list(learnt.gpu) == [2]
+    place(2, 20)  # same shapes, more of them: the policy keeps its caches
+    assert v.workload is learnt
+    place(8, 40)  # the mix moved: re-learnt
+    assert v.workload is not learnt and set(v.workload.gpu.tolist()) == {2, 8}

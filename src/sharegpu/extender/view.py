@@ -165,25 +165,33 @@ class ClusterView:
         self._prepare()
 
     # -- policy and its target workload ---------------
-    def _prepare(self) -> None:
+    def _prepare(self, force: bool = True) -> None:
+        """Learn the target workload and hand it to the policy. Unless ``force``d (a new
+        state), a workload that barely moved (total variation below 5 %) is not handed over
+        again, since that would drop the policy's caches for nothing."""
         total = len(self._shape_of)
         if total:
-            self.workload = TargetWorkload.from_shapes(self.shapes.elements())
+            workload = TargetWorkload.from_shapes(self.shapes.elements())
         else:
-            self.workload = default_workload(self.state)
-        self.policy.prepare(self.state, self.workload)
+            workload = default_workload(self.state)
         self._shapes_at_prepare = total
+        if not force and self.workload is not None and _distance(self.workload, workload) < 0.05:
+            return
+        self.workload = workload
+        self.policy.prepare(self.state, self.workload)
         if self._scores is not None:
             self._scores = ShapeCache({"score": np.float64})
 
     def maybe_refresh_workload(self) -> None:
         """Re-learn the target workload from the pods seen: first after ``workload_refresh``
-        pods, then each time their number doubled (re-preparing drops the policy's caches)."""
+        pods, then each time their number doubled."""
         total = len(self._shape_of)
         if total < self.workload_refresh:
             return
-        if self._shapes_at_prepare < self.workload_refresh or total >= 2 * self._shapes_at_prepare:
+        if self._shapes_at_prepare < self.workload_refresh:
             self._prepare()
+        elif total >= 2 * self._shapes_at_prepare:
+            self._prepare(force=False)
 
     def _count_shape(self, key: str, req: PodRequest, alloc: Allocation) -> None:
         if key in self._shape_of:
@@ -541,6 +549,20 @@ class ClusterView:
 
     def node_modes(self) -> dict[str, Mode]:
         return {name: s.mode for name, s in self.specs.items()}
+
+
+def _distance(a: TargetWorkload, b: TargetWorkload) -> float:
+    """Total variation distance between two workloads' shape distributions."""
+
+    def dist(w: TargetWorkload) -> dict[tuple[Any, ...], float]:
+        out: dict[tuple[Any, ...], float] = {}
+        for t in range(w.size):
+            k = (int(w.cpu[t]), int(w.gpu[t]), int(w.k[t]), w.models[t])
+            out[k] = out.get(k, 0.0) + float(w.p[t])
+        return out
+
+    da, db = dist(a), dist(b)
+    return 0.5 * sum(abs(da.get(k, 0.0) - db.get(k, 0.0)) for k in set(da) | set(db))
 
 
 def _key(obj: Mapping[str, Any]) -> str:
