@@ -189,8 +189,8 @@ async def drive(port: int, n_nodes: int, work: list[tuple[str, dict[str, Any]]],
             if isinstance(pr, dict):
                 errors["prioritize"] += 1
                 continue
-            top = max(h["Score"] for h in pr)
-            node = rng.choice([h["Host"] for h in pr if h["Score"] == top])
+            top = max((h["Score"] for h in pr), default=0)
+            node = rng.choice([h["Host"] for h in pr if h["Score"] == top] if top else passed)
             await sem.acquire()
             t = asyncio.create_task(bind(pod, node))
             tasks.add(t)

@@ -133,9 +133,11 @@ class Driver:
                 self.out.unschedulable.add(key)
                 return
             pr = await self._post(s, "prioritize", {"Pod": pod, "NodeNames": passed})
-            top = max(h["Score"] for h in pr)
-            # kube-scheduler: extender score × weight plus its own scores; ties at random
-            node = self.rng.choice([h["Host"] for h in pr if h["Score"] == top])
+            # kube-scheduler: extender score × weight plus its own scores; ties at random;
+            # hosts left out of the answer score 0
+            top = max((h["Score"] for h in pr), default=0)
+            best = [h["Host"] for h in pr if h["Score"] == top] if top else passed
+            node = self.rng.choice(best)
             b = await self._post(s, "bind", {"PodName": m["name"], "PodNamespace": m["namespace"],
                                              "PodUID": m["uid"], "Node": node})
             if not b.get("Error"):

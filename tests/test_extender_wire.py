@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from sharegpu import kobjects
@@ -67,7 +69,9 @@ def test_malformed_binding_names_the_field(body: object, field: str) -> None:
 
 
 def test_priority_list_and_binding_result() -> None:
-    assert wire.priority_list({"a": 10, "b": 3}) == [{"Host": "a", "Score": 10},
-                                                     {"Host": "b", "Score": 3}]
+    assert wire.priority_list({"a": 10, "b": 3, "c": 0}) == [{"Host": "a", "Score": 10},
+                                                             {"Host": "b", "Score": 3}]
+    for scores in ({"node-1.zone": 10, "n_2:x": 4, "z": 0}, {'we"ird\\name': 7, "ok": 1}, {}):
+        assert json.loads(wire.priority_list_json(scores)) == wire.priority_list(scores)
     assert wire.binding_result() == {"Error": ""}
     assert wire.binding_result("boom") == {"Error": "boom"}

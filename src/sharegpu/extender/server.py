@@ -121,7 +121,8 @@ class ExtenderApp:
             return _json(wire.priority_list(dict.fromkeys(args.names, 0)))
         scores = self.view.prioritize(req, args.names)
         self.metrics.decisions.labels("prioritize", "ok").inc()
-        return _json(wire.priority_list(scores))
+        return web.Response(body=wire.priority_list_json(scores),
+                            content_type="application/json")
 
     async def bind(self, request: web.Request) -> web.Response:
         try:

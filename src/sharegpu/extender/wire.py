@@ -9,6 +9,8 @@ an ``Error`` answer (HTTP 400), never a traceback.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -134,7 +136,21 @@ def error_filter_result(message: str) -> dict[str, Any]:
 
 
 def priority_list(scores: Mapping[str, int]) -> list[dict[str, Any]]:
-    return [{"Host": h, "Score": s} for h, s in scores.items()]
+    """HostPriorityList. kube-scheduler adds each listed score × weight to the host's total; a
+    host left out gets nothing added, so zero scores are left out (a shorter answer)."""
+    return [{"Host": h, "Score": s} for h, s in scores.items() if s]
+
+
+_PLAIN = re.compile(r"[A-Za-z0-9._:-]*")
+
+
+def priority_list_json(scores: Mapping[str, int]) -> bytes:
+    """``json.dumps(priority_list(scores))``, formatted directly when every host name needs no
+    escaping (node names are DNS names), which is several times faster for long lists."""
+    items = [(h, int(s)) for h, s in scores.items() if s]
+    if all(_PLAIN.fullmatch(h) for h, _ in items):
+        return ("[" + ",".join(f'{{"Host":"{h}","Score":{s}}}' for h, s in items) + "]").encode()
+    return json.dumps(priority_list(scores), separators=(",", ":")).encode()
 
 
 def binding_result(error: str = "") -> dict[str, str]:
