@@ -17,7 +17,6 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from ..errors import ValidationError
-from ..request import parse_pod
 from . import wire
 from .bind import Binder, BindError
 from .events import REASON_BIND_FAILED, REASON_INVALID, REASON_UNSCHEDULABLE, EventRecorder
@@ -91,7 +90,7 @@ class ExtenderApp:
             self.metrics.failures.labels("filter", "not-synced").inc()
             return _json(wire.error_filter_result("sharegpu extender: cluster state not ready"))
         try:
-            req = parse_pod(args.pod)
+            req = self.view.reader.request(args.pod)
         except ValidationError as e:
             msg = f"invalid GPU request: {e}"
             self._event(args.pod, REASON_INVALID, msg)
@@ -115,7 +114,7 @@ class ExtenderApp:
             self.metrics.failures.labels("prioritize", "bad-payload").inc()
             return _json({"Error": str(e)}, status=400)
         try:
-            req = parse_pod(args.pod)
+            req = self.view.reader.request(args.pod)
         except ValidationError:
             self.metrics.decisions.labels("prioritize", "invalid").inc()
             return _json(wire.priority_list(dict.fromkeys(args.names, 0)))
