@@ -255,3 +255,26 @@ def test_metrics_endpoint() -> None:
             assert (await env.client.get(probe)).status == 200
 
     run([pod], body)
+
+
+def test_bind_uses_the_pod_sent_with_filter_and_starts_over_when_it_changed() -> None:
+    pods = [kobjects.pod("p", mem=4), kobjects.pod("q", mem=4)]
+
+    async def body(env: Env) -> None:
+        binder = env.app.binder
+        assert binder is not None
+        # what kube-scheduler sends comes from its cache: with the pod's resourceVersion
+        p = env.api.pods["default/p"]
+        assert await env.schedule(p) == ("a", "")
+        assert binder.reads == 0  # no read of the pod: the filter's copy was enough
+        assert env.api.pods["default/p"]["spec"]["nodeName"] == "a"
+        # the pod changed after kube-scheduler's copy was taken: 409, a fresh read, success
+        q = env.api.pods["default/q"]
+        stale = {**q, "metadata": {**q["metadata"]}}
+        env.api.pods["default/q"]["metadata"]["labels"] = {"changed": "yes"}
+        env.api.pods["default/q"]["metadata"]["resourceVersion"] = "9999"
+        assert await env.schedule(stale) == ("a", "")
+        assert binder.reads == 1
+        assert env.view.drift() == [] and set(env.view.state.pods) == {"default/p", "default/q"}
+
+    run(pods, body)

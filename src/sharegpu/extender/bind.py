@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import defaultdict
-from collections.abc import Callable
+from collections import OrderedDict, defaultdict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ..annotations import encode
 from ..errors import PlacementError, ValidationError
-from ..request import parse_pod
+from ..request import PodRequest, parse_pod
 from .kube import ApiError, KubeApi
 from .view import ClusterView
 from .wire import BindingArgs
@@ -39,18 +40,43 @@ class BindOutcome:
     already: bool = False
 
 
+@dataclass(frozen=True)
+class _Seen:
+    uid: str
+    resource_version: str
+    request: PodRequest
+
+
 class Binder:
+    """``hint`` remembers the pod kube-scheduler sent with filter (its resourceVersion and
+    parsed request), so that bind can skip reading the pod back: the annotation write carries
+    that resourceVersion, and if the pod changed since (409) the bind starts over from a fresh
+    read."""
+
     def __init__(self, api: KubeApi, view: Callable[[], ClusterView],
-                 may_bind: Callable[[], bool] = lambda: True) -> None:
+                 may_bind: Callable[[], bool] = lambda: True, hints: int = 10000) -> None:
         self.api = api
         self.view = view
         self.may_bind = may_bind
         self.locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._seen: OrderedDict[str, _Seen] = OrderedDict()
+        self._hints = hints
+        self.reads = 0  # pods read back from the API server (for tests and metrics)
 
-    async def bind(self, args: BindingArgs) -> BindOutcome:
-        if not self.may_bind():
-            raise BindError("not-leader", "this sharegpu extender replica is not the leader")
+    def hint(self, pod: Mapping[str, Any], req: PodRequest) -> None:
+        meta = pod.get("metadata") or {}
+        rv, uid = str(meta.get("resourceVersion") or ""), str(meta.get("uid") or "")
+        if not rv or not uid or (pod.get("spec") or {}).get("nodeName"):
+            return
+        self._seen[req.key] = _Seen(uid, rv, req)
+        self._seen.move_to_end(req.key)
+        while len(self._seen) > self._hints:
+            self._seen.popitem(last=False)
+
+    async def _read(self, args: BindingArgs) -> tuple[PodRequest, str, str] | BindOutcome:
+        """(request, uid, resourceVersion) of the pod, or the outcome when it is bound."""
         path = f"/api/v1/namespaces/{args.pod_namespace}/pods/{args.pod_name}"
+        self.reads += 1
         try:
             pod = await self.api.get(path)
         except ApiError as e:
@@ -67,7 +93,32 @@ class Binder:
             req = parse_pod(pod)
         except ValidationError as e:
             raise BindError("invalid-request", str(e)) from None
+        return req, str(meta.get("uid", "")), str(meta.get("resourceVersion", ""))
 
+    async def bind(self, args: BindingArgs) -> BindOutcome:
+        if not self.may_bind():
+            raise BindError("not-leader", "this sharegpu extender replica is not the leader")
+        seen = self._seen.pop(args.key, None)
+        if seen is not None and (not args.pod_uid or seen.uid == args.pod_uid):
+            placed = self.view().placed.get(args.key)
+            if placed is not None and placed[1] == args.node:
+                return BindOutcome(args.node, placed[2].gpus, already=True)
+            out = await self._bind(args, seen.request, seen.uid, seen.resource_version,
+                                   hinted=True)
+            if out is not None:
+                return out
+        got = await self._read(args)
+        if isinstance(got, BindOutcome):
+            return got
+        out = await self._bind(args, *got, hinted=False)
+        assert out is not None
+        return out
+
+    async def _bind(self, args: BindingArgs, req: PodRequest, uid: str, rv: str,
+                    hinted: bool) -> BindOutcome | None:
+        """Reserve, annotate, bind. ``None`` when a hinted resourceVersion turned out stale
+        (nothing held any more: start over from a fresh read)."""
+        path = f"/api/v1/namespaces/{args.pod_namespace}/pods/{args.pod_name}"
         async with self.locks[args.node]:
             view = self.view()
             try:
@@ -78,13 +129,18 @@ class Binder:
                 st = view.state
                 anns = encode(r.alloc, assume_time_ns=time.time_ns(),
                               gpu_capacity=st.gpu_capacity(args.node))
-                await self.api.patch_pod_annotations(
-                    args.pod_namespace, args.pod_name, anns, str(meta.get("resourceVersion", ""))
-                )
+                try:
+                    await self.api.patch_pod_annotations(args.pod_namespace, args.pod_name,
+                                                         anns, rv)
+                except ApiError as e:
+                    if hinted and e.status == 409:
+                        self.view().release_inflight(req.key)
+                        return None
+                    raise
                 if not self.may_bind():
                     raise BindError("not-leader", "lost the leader lease before binding")
-                await self.api.bind(args.pod_namespace, args.pod_name,
-                                    args.pod_uid or str(meta.get("uid", "")), args.node)
+                await self.api.bind(args.pod_namespace, args.pod_name, args.pod_uid or uid,
+                                    args.node)
             except BaseException as e:
                 if isinstance(e, ApiError | BindError) and await self._bound_anyway(path, args):
                     self.view().bound(req.key)

@@ -97,6 +97,8 @@ class ExtenderApp:
             self.metrics.decisions.labels("filter", "invalid").inc()
             return _json(wire.filter_result(args, [], {}, dict.fromkeys(args.names, msg)))
         passed, failed, unres = self.view.filter(req, args.names)
+        if passed and self.binder is not None and req.wants_gpu:
+            self.binder.hint(args.pod, req)
         if req.wants_gpu and not passed:
             from .events import summarize
 
