@@ -146,7 +146,8 @@ class ClusterView:
         self.placed: dict[str, Placed] = {}  # what bound pods' annotations say
         self.inflight: dict[str, Reservation] = {}
         self.shapes: Counter[Shape] = Counter()
-        self._shape_of: dict[str, Shape] = {}
+        self._shape_of: dict[str, Shape] = {}  # live pods already counted in ``shapes``
+        self._seen = 0  # pods counted in ``shapes`` (the history the workload is learnt from)
         self._shapes_at_prepare = -1
         self.workload: TargetWorkload | None = None
         self.problems: OrderedDict[str, str] = OrderedDict()
@@ -169,7 +170,7 @@ class ClusterView:
         """Learn the target workload and hand it to the policy. Unless ``force``d (a new
         state), a workload that barely moved (total variation below 5 %) is not handed over
         again, since that would drop the policy's caches for nothing."""
-        total = len(self._shape_of)
+        total = self._seen
         if total:
             workload = TargetWorkload.from_shapes(self.shapes.elements())
         else:
@@ -185,7 +186,7 @@ class ClusterView:
     def maybe_refresh_workload(self) -> None:
         """Re-learn the target workload from the pods seen: first after ``workload_refresh``
         pods, then each time their number doubled."""
-        total = len(self._shape_of)
+        total = self._seen
         if total < self.workload_refresh:
             return
         if self._shapes_at_prepare < self.workload_refresh:
@@ -199,6 +200,7 @@ class ClusterView:
         s = shape_of(req, alloc)
         if s is not None:
             self._shape_of[key] = s
+            self._seen += 1
             self.shapes[s] += 1
 
     def _problem(self, key: str, reason: str) -> None:
@@ -256,6 +258,7 @@ class ClusterView:
         self.scheduler = Scheduler(state, self.policy, tie_break="order")
         self._reasons.clear()
         self._shape_of.clear()
+        self._seen = 0
         self.shapes.clear()
         for key, (req, _node, alloc) in placed.items():
             self._count_shape(key, req, alloc)
@@ -355,6 +358,7 @@ class ClusterView:
 
     def delete_pod(self, obj: Mapping[str, Any]) -> None:
         key = _key(obj)
+        self._shape_of.pop(key, None)  # its shape stays in the history
         self.placed.pop(key, None)
         self.inflight.pop(key, None)
         if key in self.state.pods:
