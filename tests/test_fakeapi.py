@@ -326,10 +326,16 @@ def test_status_subresource_separation(fake_api):
     p = c.patch(
         Pod.Status,
         "p1",
-        {"status": {"phase": "Running"}, "metadata": {"labels": {"x": "y"}}},
+        {
+            "status": {"phase": "Running"},
+            "metadata": {"labels": {"x": "y"}},
+            "spec": {"nodeName": "sneaky", "containers": [{"name": "other", "image": "i"}]},
+        },
         patch_type=PatchType.MERGE,
     )
-    assert p.status.phase == "Running" and not p.metadata.labels  # status ignores metadata
+    # /status takes status (and labels), never spec
+    assert p.status.phase == "Running" and p.metadata.labels == {"x": "y"}
+    assert p.spec.nodeName is None and p.spec.containers[0].name == "main"
     cur = c.get(Pod, "p1")
     cur.status = PodStatus(phase="Succeeded")
     updated = c.replace(Pod.Status(metadata=cur.metadata, spec=cur.spec, status=cur.status))

@@ -11,8 +11,9 @@ Semantics follow the real kube-apiserver where clients can observe them:
   a write that changes nothing is a no-op (no new resourceVersion, no watch event);
 - create answers 409 AlreadyExists; update with a stale ``metadata.resourceVersion`` (or a
   different ``metadata.uid``) answers 409 Conflict;
-- resources with a status subresource keep ``status`` on writes to the main resource and only
-  take ``status`` through ``/status``; ``metadata.generation`` moves on spec changes;
+- resources with a status subresource keep ``status`` on writes to the main resource; writes
+  through ``/status`` keep ``spec`` and ``ownerReferences`` (labels, annotations and status may
+  change, as pods/status and nodes/status allow); ``metadata.generation`` moves on spec changes;
 - pods: create resets status to ``Pending``, fills a few spec defaults, checks containers;
   updates may not change ``spec`` beyond the fields the real server allows (``spec.nodeName``
   only through ``pods/binding``);
@@ -507,21 +508,28 @@ class Store:
             raise st.conflict(rtype.plural, name, group=rtype.group)
         if nm.get("uid") and nm["uid"] != cm["uid"]:
             raise st.uid_precondition(rtype.plural, name, nm["uid"], cm["uid"], rtype.group)
-        if subresource == "status":
-            result = copy.deepcopy(cur)
-            if "status" in new:
-                result["status"] = copy.deepcopy(new["status"])
-            else:
-                result.pop("status", None)
-            return result
         result = copy.deepcopy(new)
-        if rtype.status_subresource:
+        if subresource == "status":
+            # As pods/status and nodes/status: spec and ownerReferences stay as stored;
+            # status, labels, annotations and finalizers may change.
+            for part in ("spec",):
+                if part in cur:
+                    result[part] = copy.deepcopy(cur[part])
+                else:
+                    result.pop(part, None)
+            if "ownerReferences" in cm:
+                meta(result)["ownerReferences"] = copy.deepcopy(cm["ownerReferences"])
+            else:
+                meta(result).pop("ownerReferences", None)
+        elif rtype.status_subresource:
             if "status" in cur:
                 result["status"] = copy.deepcopy(cur["status"])
             else:
                 result.pop("status", None)
-        if rtype is POD and self._pod_spec_frozen(result.get("spec")) != self._pod_spec_frozen(
-            cur.get("spec")
+        if (
+            rtype is POD
+            and subresource is None
+            and self._pod_spec_frozen(result.get("spec")) != self._pod_spec_frozen(cur.get("spec"))
         ):
             raise st.invalid("Pod", name, [("spec", _POD_UPDATE_FORBIDDEN)])
         rm = meta(result)
