@@ -622,7 +622,46 @@ def test_core_and_events_v1_events(fake_api):
     )
     v1 = list(c.list(EventV1, fields={"regarding.name": "n1"}))
     assert [(e.reason, e.note) for e in v1] == [("GPUsFound", "2 GPUs")]
-    assert [e["reason"] for e in fake_api.objects("events.events.k8s.io")] == ["GPUsFound"]
+    # One storage, two APIs (as upstream): each API sees every event in its own form.
+    as_core = c.get(Event, "n1.1")
+    assert (as_core.message, as_core.reportingComponent, as_core.involvedObject.name) == (
+        "2 GPUs",
+        "sharegpu.io/agent",
+        "n1",
+    )
+    _, _, as_v1 = raw(fake_api, "GET", "/apis/events.k8s.io/v1/namespaces/default/events/p1.1")
+    assert as_v1["apiVersion"] == "events.k8s.io/v1" and as_v1["eventTime"] is None
+    assert (as_v1["note"], as_v1["regarding"]["name"], as_v1["deprecatedSource"]) == (
+        "bound to n1",
+        "p1",
+        {"component": "sharegpu"},
+    )
+    assert sorted(e["reason"] for e in fake_api.objects("events.events.k8s.io")) == [
+        "FailedScheduling",
+        "GPUsFound",
+        "Scheduled",
+    ]
+    _, _, by_source = raw(
+        fake_api, "GET", "/apis/events.k8s.io/v1/events?fieldSelector=source%3Dsharegpu"
+    )
+    assert [e["metadata"]["name"] for e in by_source["items"]] == ["p1.1"]
+    with pytest.raises(ApiError) as e:  # core spellings are not field labels of events.k8s.io
+        list(c.list(EventV1, fields={"involvedObject.name": "n1"}))
+    assert e.value.status.code == 400
+    # events.k8s.io/v1 requires the new-style fields on create
+    status, _, body = raw(
+        fake_api,
+        "POST",
+        "/apis/events.k8s.io/v1/namespaces/default/events",
+        {"metadata": {"name": "bad"}, "reason": "X", "type": "Normal"},
+    )
+    assert status == 422
+    assert {c["field"] for c in body["details"]["causes"]} == {
+        "eventTime",
+        "reportingController",
+        "reportingInstance",
+        "action",
+    }
 
 
 # ----------------------------------------------------------------------------------- faults
@@ -821,3 +860,70 @@ def test_state_helpers(fake_api):
     assert c.get(Pod, "x", namespace="ns1").metadata.labels == {"a": "b"}
     fake_api.delete("pods", "x", "ns1")
     assert fake_api.objects("pods") == []
+
+
+def test_send_initial_events_ends_with_annotated_bookmark(fake_api):
+    fake_api.create({"kind": "Node", "metadata": {"name": "n1"}})
+    fake_api.create({"kind": "Node", "metadata": {"name": "n2"}})
+    rv = fake_api.resource_version
+    url = (
+        f"{fake_api.url}/api/v1/nodes?watch=1&sendInitialEvents=true&allowWatchBookmarks=true"
+        "&resourceVersionMatch=NotOlderThan&timeoutSeconds=1"
+    )
+    with httpx.stream("GET", url, timeout=5) as r:
+        lines = r.iter_lines()
+        first = [json.loads(next(lines)) for _ in range(3)]
+    assert [(e["type"], e["object"]["metadata"].get("name")) for e in first] == [
+        ("ADDED", "n1"),
+        ("ADDED", "n2"),
+        ("BOOKMARK", None),
+    ]
+    assert first[2]["object"]["metadata"] == {
+        "resourceVersion": rv,
+        "annotations": {"k8s.io/initial-events-end": "true"},
+    }
+
+
+def test_events_v1_watch_sees_core_events_converted(fake_api):
+    url = f"{fake_api.url}/apis/events.k8s.io/v1/namespaces/default/events?watch=true"
+    with httpx.stream("GET", url, timeout=5) as r:
+        fake_api.create(
+            {
+                "kind": "Event",
+                "apiVersion": "v1",
+                "metadata": {"name": "e1", "namespace": "default"},
+                "involvedObject": {"kind": "Pod", "name": "p1", "namespace": "default"},
+                "message": "hello",
+                "reason": "Test",
+            }
+        )
+        event = json.loads(next(r.iter_lines()))
+    assert event["type"] == "ADDED"
+    obj = event["object"]
+    assert obj["apiVersion"] == "events.k8s.io/v1" and obj["note"] == "hello"
+    assert obj["regarding"]["name"] == "p1" and "involvedObject" not in obj
+
+
+def test_deletecollection_dry_run_and_retry_after(fake_api):
+    c = client(fake_api)
+    for i in range(4):
+        c.create(pod(f"p{i}", labels={"batch": "a" if i < 3 else "b"}))
+    status, _, body = raw(
+        fake_api,
+        "POST",
+        "/api/v1/namespaces/default/pods?dryRun=All",
+        {"metadata": {"name": "ghost"}, "spec": {"containers": [{"name": "c", "image": "i"}]}},
+    )
+    assert status == 201 and body["metadata"]["name"] == "ghost"
+    assert fake_api.get("pods", "ghost") is None
+    status, _, body = raw(
+        fake_api, "DELETE", "/api/v1/namespaces/default/pods?labelSelector=batch%3Da"
+    )
+    assert status == 200 and body["kind"] == "PodList"
+    assert sorted(i["metadata"]["name"] for i in body["items"]) == ["p0", "p1", "p2"]
+    assert [p["metadata"]["name"] for p in fake_api.objects("pods")] == ["p3"]
+    fake_api.faults.fail(verbs="list", code=429, times=1)
+    r = httpx.get(f"{fake_api.url}/api/v1/pods")
+    assert r.status_code == 429 and r.headers["Retry-After"] == "1"
+    assert r.json()["reason"] == "TooManyRequests"
+    assert httpx.get(f"{fake_api.url}/api/v1/pods").status_code == 200

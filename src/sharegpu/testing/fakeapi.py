@@ -10,7 +10,8 @@ Storage semantics (resourceVersion, conflicts, finalizers, history) live in
 It is not a kube-apiserver: no authentication or authorization (any bearer token works), no
 admission, no OpenAPI schema validation beyond the few rules listed in ``store``, no
 server-side apply field ownership (an apply patch merges like a strategic merge patch and
-creates missing objects), and core/v1 and events.k8s.io/v1 events are stored apart.
+creates missing objects). As upstream, core/v1 and events.k8s.io/v1 events share one storage,
+each API converting to its own form.
 
 Use it from sync tests (``with FakeApiServer() as api:`` runs it in a background thread with
 its own event loop) or from async tests (``async with FakeApiServer() as api:`` runs it in the

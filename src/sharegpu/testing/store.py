@@ -41,7 +41,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from . import status as st
-from .resources import NAMESPACE, POD, STORED, ResourceType
+from .resources import EVENT, EVENTS_V1, NAMESPACE, POD, STORAGE, ResourceType
 from .selectors import FieldSelector, LabelSelector
 
 Obj = dict[str, Any]
@@ -78,6 +78,21 @@ def meta(obj: Obj) -> dict[str, Any]:
         m = {}
         obj["metadata"] = m
     return m
+
+
+def view(rtype: ResourceType, obj: Obj) -> Obj:
+    """A copy of a stored object as ``rtype`` presents it (events.k8s.io/v1 events are stored
+    as core/v1 events)."""
+    out = copy.deepcopy(obj)
+    if rtype.from_storage is not None:
+        out = rtype.from_storage(out)
+    out["kind"] = rtype.kind
+    out["apiVersion"] = rtype.api_version
+    return out
+
+
+def to_storage(rtype: ResourceType, obj: Obj) -> Obj:
+    return rtype.to_storage(obj) if rtype.to_storage is not None else obj
 
 
 def key_of(obj: Obj) -> Key:
@@ -129,20 +144,20 @@ class Watcher:
     def convert(self, change: Change) -> tuple[str, Obj] | None:
         """The event this watch sees for a change: an object that stops matching a selector
         is DELETED for this watch, one that starts matching is ADDED (as the watch cache does)."""
-        if change.resource != self.rtype.key:
+        if change.resource != self.rtype.storage_key:
             return None
         if change.type == "DELETED":
-            return ("DELETED", change.obj) if self.passes(change.obj) else None
+            return ("DELETED", view(self.rtype, change.obj)) if self.passes(change.obj) else None
         now_p = self.passes(change.obj)
         if change.type == "ADDED":
-            return ("ADDED", change.obj) if now_p else None
+            return ("ADDED", view(self.rtype, change.obj)) if now_p else None
         old_p = self.passes(change.old)
         if now_p and old_p:
-            return ("MODIFIED", change.obj)
+            return ("MODIFIED", view(self.rtype, change.obj))
         if now_p:
-            return ("ADDED", change.obj)
+            return ("ADDED", view(self.rtype, change.obj))
         if old_p and change.old is not None:
-            gone = copy.deepcopy(change.old)
+            gone = view(self.rtype, change.old)
             meta(gone)["resourceVersion"] = str(change.rv)
             return ("DELETED", gone)
         return None
@@ -193,7 +208,7 @@ class Store:
     ) -> None:
         self._lock = threading.RLock()
         self._rv = 0
-        self._objects: dict[str, dict[Key, Obj]] = {r.key: {} for r in STORED}
+        self._objects: dict[str, dict[Key, Obj]] = {key: {} for key in STORAGE}
         self._history: deque[Change] = deque()
         self.history_size = history_size
         self._compacted_rv = 0  # changes at or below this resourceVersion are forgotten
@@ -218,23 +233,26 @@ class Store:
         with self._lock:
             return self._compacted_rv
 
+    def _table(self, rtype: ResourceType) -> dict[Key, Obj]:
+        return self._objects[rtype.storage_key]
+
     def get(self, rtype: ResourceType, namespace: str | None, name: str) -> Obj:
         with self._lock:
-            obj = self._objects[rtype.key].get((namespace or "", name))
+            obj = self._table(rtype).get((namespace or "", name))
             if obj is None:
                 raise st.not_found(rtype.plural, name, rtype.group)
-            return copy.deepcopy(obj)
+            return view(rtype, obj)
 
     def find(self, rtype: ResourceType, namespace: str | None, name: str) -> Obj | None:
         with self._lock:
-            obj = self._objects[rtype.key].get((namespace or "", name))
-            return copy.deepcopy(obj) if obj is not None else None
+            obj = self._table(rtype).get((namespace or "", name))
+            return view(rtype, obj) if obj is not None else None
 
     def all(self, rtype: ResourceType, namespace: str | None = None) -> list[Obj]:
         with self._lock:
             items = [
-                copy.deepcopy(o)
-                for (ns, _), o in sorted(self._objects[rtype.key].items())
+                view(rtype, o)
+                for (ns, _), o in sorted(self._table(rtype).items())
                 if namespace is None or ns == namespace
             ]
         return items
@@ -250,16 +268,17 @@ class Store:
 
     def _commit(self, rtype: ResourceType, kind: str, new: Obj, old: Obj | None) -> Obj:
         self._rv += 1
+        storage = STORAGE[rtype.storage_key]
         new = copy.deepcopy(new)
-        new["kind"] = rtype.kind
-        new["apiVersion"] = rtype.api_version
+        new["kind"] = storage.kind
+        new["apiVersion"] = storage.api_version
         meta(new)["resourceVersion"] = str(self._rv)
-        table = self._objects[rtype.key]
+        table = self._table(rtype)
         if kind == "DELETED":
             table.pop(key_of(new), None)
         else:
             table[key_of(new)] = new
-        change = Change(self._rv, rtype.key, kind, new, old)
+        change = Change(self._rv, storage.key, kind, new, old)
         self._history.append(change)
         while len(self._history) > self.history_size:
             self._compacted_rv = self._history.popleft().rv
@@ -270,12 +289,12 @@ class Store:
             ev = w.convert(change)
             if ev is not None:
                 w.push(ev)
-        return copy.deepcopy(new)
+        return view(rtype, new)
 
     def seed(self, rtype: ResourceType, obj: Obj) -> Obj:
         """Store an object as given (no API defaulting or validation), creating or replacing it;
         fills name-independent metadata (uid, creationTimestamp, generation) when missing."""
-        new = copy.deepcopy(obj)
+        new = to_storage(rtype, copy.deepcopy(obj))
         m = meta(new)
         if not m.get("name"):
             raise ValueError("seeded objects need metadata.name")
@@ -284,7 +303,7 @@ class Store:
         else:
             m.pop("namespace", None)
         with self._lock:
-            old = self._objects[rtype.key].get(key_of(new))
+            old = self._table(rtype).get(key_of(new))
             if old is not None:
                 om = old["metadata"]
                 m.setdefault("uid", om.get("uid"))
@@ -298,7 +317,7 @@ class Store:
     def remove(self, rtype: ResourceType, namespace: str | None, name: str) -> Obj:
         """Delete an object at once, ignoring finalizers and grace periods."""
         with self._lock:
-            old = self._objects[rtype.key].get((namespace or "", name))
+            old = self._table(rtype).get((namespace or "", name))
             if old is None:
                 raise st.not_found(rtype.plural, name, rtype.group)
             return self._commit(rtype, "DELETED", old, old)
@@ -353,6 +372,43 @@ class Store:
                 raise st.invalid("Pod", name, [(f"spec.containers[{i}].image", "Required value")])
 
     @staticmethod
+    def _validate_event_v1(event: Obj) -> None:
+        """The rules events.k8s.io/v1 adds for new events (series rules left out)."""
+        name = meta(event).get("name", "")
+        causes = [
+            (f, "Required value")
+            for f in ("eventTime", "reportingController", "reportingInstance", "action", "reason")
+            if not event.get(f)
+        ]
+        if event.get("type") not in ("Normal", "Warning"):
+            causes.append(("type", f"Invalid value: {event.get('type')!r}: has invalid value"))
+        for f in ("deprecatedFirstTimestamp", "deprecatedLastTimestamp", "deprecatedCount"):
+            if event.get(f):
+                causes.append((f, "Invalid value: needs to be unset"))
+        src = event.get("deprecatedSource") or {}
+        if src.get("component") or src.get("host"):
+            causes.append(("deprecatedSource", "Invalid value: needs to be unset"))
+        if causes:
+            raise st.invalid("Event", name, causes, "events.k8s.io")
+
+    @staticmethod
+    def _validate_event(event: Obj) -> None:
+        m = meta(event)
+        involved = event.get("involvedObject") or {}
+        ns = involved.get("namespace")
+        if ns and ns != m.get("namespace"):
+            raise st.invalid(
+                "Event",
+                m.get("name", ""),
+                [
+                    (
+                        "involvedObject.namespace",
+                        f'Invalid value: "{ns}": does not match event.namespace',
+                    )
+                ],
+            )
+
+    @staticmethod
     def _pod_spec_frozen(spec: Any) -> Any:
         s = copy.deepcopy(spec) if isinstance(spec, dict) else {}
         for field in (
@@ -393,7 +449,11 @@ class Store:
         if not isinstance(body, dict):
             raise st.bad_request("the request body must be a JSON object")
         self._check_kind(rtype, body)
-        obj = copy.deepcopy(body)
+        if rtype is EVENTS_V1:
+            self._validate_event_v1(body)
+        obj = to_storage(rtype, copy.deepcopy(body))
+        if rtype is EVENT:
+            self._validate_event(obj)
         m = meta(obj)
         if rtype.namespaced:
             ns = namespace or m.get("namespace") or "default"
@@ -416,7 +476,7 @@ class Store:
                 m["name"] = prefix + "".join(self._rng.choice(alphabet) for _ in range(5))
             self._check_name(rtype, m["name"])
             self._check_namespace_exists(rtype, m.get("namespace", ""))
-            if key_of(obj) in self._objects[rtype.key]:
+            if key_of(obj) in self._table(rtype):
                 raise st.already_exists(rtype.plural, m["name"], rtype.group)
             for k in (
                 "resourceVersion",
@@ -440,9 +500,7 @@ class Store:
             elif rtype is NAMESPACE:
                 obj["status"] = {"phase": "Active"}
             if dry_run:
-                out = copy.deepcopy(obj)
-                out["kind"], out["apiVersion"] = rtype.kind, rtype.api_version
-                return out
+                return view(rtype, obj)
             return self._commit(rtype, "ADDED", obj, None)
 
     # ------------------------------------------------------------------ update / patch
@@ -463,7 +521,7 @@ class Store:
         result and whether it was created."""
         ns = namespace or "" if rtype.namespaced else ""
         with self._lock:
-            cur = self._objects[rtype.key].get((ns, name))
+            cur = self._table(rtype).get((ns, name))
             if cur is None:
                 if not (create_missing or rtype.create_on_update) or subresource:
                     raise st.not_found(rtype.plural, name, rtype.group)
@@ -472,14 +530,15 @@ class Store:
                 if meta(body)["name"] != name:
                     raise st.name_mismatch(meta(body)["name"], name)
                 return self.create(rtype, ns or None, body, dry_run=dry_run), True
-            new = mutate(copy.deepcopy(cur))
+            new = mutate(view(rtype, cur))
             if not isinstance(new, dict):
                 raise st.bad_request("the request body must be a JSON object")
-            result = self._prepare_update(rtype, cur, new, subresource)
+            self._check_kind(rtype, new)
+            result = self._prepare_update(rtype, cur, to_storage(rtype, new), subresource)
             if _strip_for_compare(result) == _strip_for_compare(cur):
-                return copy.deepcopy(cur), False  # no-op: no new resourceVersion, no event
+                return view(rtype, cur), False  # no-op: no new resourceVersion, no event
             if dry_run:
-                return result, False
+                return view(rtype, result), False
             rm = meta(result)
             if (
                 rm.get("deletionTimestamp")
@@ -496,7 +555,6 @@ class Store:
     def _prepare_update(
         self, rtype: ResourceType, cur: Obj, new: Obj, subresource: str | None
     ) -> Obj:
-        self._check_kind(rtype, new)
         cm, nm = cur["metadata"], meta(new)
         name = cm["name"]
         if nm.get("name") and nm["name"] != name:
@@ -640,7 +698,7 @@ class Store:
         bound pod's grace period) only mark the object with a deletionTimestamp."""
         ns = namespace or "" if rtype.namespaced else ""
         with self._lock:
-            cur = self._objects[rtype.key].get((ns, name))
+            cur = self._table(rtype).get((ns, name))
             if cur is None:
                 raise st.not_found(rtype.plural, name, rtype.group)
             cm = cur["metadata"]
@@ -667,30 +725,30 @@ class Store:
                 grace = int(grace_period if grace_period is not None else default)
             if not cm.get("finalizers") and grace == 0:
                 if dry_run:
-                    return copy.deepcopy(cur), True
+                    return view(rtype, cur), True
                 return self._commit(rtype, "DELETED", cur, cur), True
             if (
                 cm.get("deletionTimestamp")
                 and int(cm.get("deletionGracePeriodSeconds") or 0) <= grace
             ):
-                return copy.deepcopy(cur), False  # already being deleted, no shorter grace asked
+                return view(rtype, cur), False  # already being deleted, no shorter grace asked
             marked = copy.deepcopy(cur)
             mm = marked["metadata"]
             mm["deletionTimestamp"] = now_rfc3339(lambda: self.clock() + grace)
             mm["deletionGracePeriodSeconds"] = grace
             if dry_run:
-                return marked, False
+                return view(rtype, marked), False
             return self._commit(rtype, "MODIFIED", marked, cur), False
 
     # ------------------------------------------------------------------ list
 
     def _snapshot(self, rtype: ResourceType, rv: int) -> dict[Key, Obj]:
         """The objects of one resource as they were at ``rv`` (rv within the history window)."""
-        objs = dict(self._objects[rtype.key])
+        objs = dict(self._table(rtype))
         for change in reversed(self._history):
             if change.rv <= rv:
                 break
-            if change.resource != rtype.key:
+            if change.resource != rtype.storage_key:
                 continue
             k = key_of(change.obj)
             if change.type == "ADDED":
@@ -732,9 +790,7 @@ class Store:
                     snap_rv = self._rv
             else:
                 snap_rv = self._rv
-            objs = (
-                self._snapshot(rtype, snap_rv) if snap_rv != self._rv else self._objects[rtype.key]
-            )
+            objs = self._snapshot(rtype, snap_rv) if snap_rv != self._rv else self._table(rtype)
             keys = sorted(
                 k
                 for k, o in objs.items()
@@ -747,7 +803,7 @@ class Store:
             page = keys if not limit or limit <= 0 else keys[:limit]
             items = []
             for k in page:
-                item = copy.deepcopy(objs[k])
+                item = view(rtype, objs[k])
                 item.pop("kind", None)
                 item.pop("apiVersion", None)
                 items.append(item)
@@ -772,7 +828,7 @@ class Store:
         with self._lock:
             return sorted(
                 k
-                for k, o in self._objects[rtype.key].items()
+                for k, o in self._table(rtype).items()
                 if (namespace is None or k[0] == namespace)
                 and labels.matches((o.get("metadata") or {}).get("labels"))
                 and fields.matches(rtype.field_values(o))
@@ -801,10 +857,10 @@ class Store:
                 initial = False
             backlog: list[tuple[str, Obj]] = []
             if initial:
-                for k in sorted(self._objects[rtype.key]):
-                    obj = self._objects[rtype.key][k]
+                for k in sorted(self._table(rtype)):
+                    obj = self._table(rtype)[k]
                     if w.passes(obj):
-                        backlog.append(("ADDED", copy.deepcopy(obj)))
+                        backlog.append(("ADDED", view(rtype, obj)))
             if resource_version not in (None, "", "0"):
                 try:
                     since = int(str(resource_version))
