@@ -56,8 +56,12 @@ class ResourceType:
         base = {"metadata.name"} | ({"metadata.namespace"} if self.namespaced else set())
         return frozenset(base | set(self.field_labels))
 
+    def field_value(self, obj: Mapping[str, Any], field: str) -> str:
+        """The value of one field label (a selector's view of the stored object)."""
+        return dotted(obj, self.field_paths.get(field, field))
+
     def field_values(self, obj: Mapping[str, Any]) -> dict[str, str]:
-        return {f: dotted(obj, self.field_paths.get(f, f)) for f in self.supported_fields}
+        return {f: self.field_value(obj, f) for f in self.supported_fields}
 
 
 _EVENT_FIELDS = (

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import copy
 import json
 import random
 import re
@@ -41,6 +40,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from . import status as st
+from .jsonobj import clone, same_content
 from .resources import EVENT, EVENTS_V1, NAMESPACE, POD, STORAGE, ResourceType
 from .selectors import FieldSelector, LabelSelector
 
@@ -80,10 +80,13 @@ def meta(obj: Obj) -> dict[str, Any]:
     return m
 
 
-def view(rtype: ResourceType, obj: Obj) -> Obj:
+def view(rtype: ResourceType, obj: Obj, *, share: bool = False) -> Obj:
     """A copy of a stored object as ``rtype`` presents it (events.k8s.io/v1 events are stored
-    as core/v1 events)."""
-    out = copy.deepcopy(obj)
+    as core/v1 events). ``share`` returns the stored object itself when no conversion is needed:
+    stored objects are never changed in place, so watches may serialize them as they are."""
+    if share and rtype.from_storage is None:
+        return obj
+    out = clone(obj)
     if rtype.from_storage is not None:
         out = rtype.from_storage(out)
     out["kind"] = rtype.kind
@@ -137,29 +140,31 @@ class Watcher:
         m = obj.get("metadata") or {}
         if self.namespace is not None and (m.get("namespace") or "") != self.namespace:
             return False
-        return self.labels.matches(m.get("labels")) and self.fields.matches(
-            self.rtype.field_values(obj)
-        )
+        return self.labels.matches(m.get("labels")) and self.fields.matches_object(self.rtype, obj)
 
     def convert(self, change: Change) -> tuple[str, Obj] | None:
         """The event this watch sees for a change: an object that stops matching a selector
         is DELETED for this watch, one that starts matching is ADDED (as the watch cache does)."""
         if change.resource != self.rtype.storage_key:
             return None
+        rtype = self.rtype
         if change.type == "DELETED":
-            return ("DELETED", view(self.rtype, change.obj)) if self.passes(change.obj) else None
+            if not self.passes(change.obj):
+                return None
+            return ("DELETED", view(rtype, change.obj, share=True))
         now_p = self.passes(change.obj)
         if change.type == "ADDED":
-            return ("ADDED", view(self.rtype, change.obj)) if now_p else None
+            return ("ADDED", view(rtype, change.obj, share=True)) if now_p else None
         old_p = self.passes(change.old)
         if now_p and old_p:
-            return ("MODIFIED", view(self.rtype, change.obj))
+            return ("MODIFIED", view(rtype, change.obj, share=True))
         if now_p:
-            return ("ADDED", view(self.rtype, change.obj))
+            return ("ADDED", view(rtype, change.obj, share=True))
         if old_p and change.old is not None:
-            gone = view(self.rtype, change.old)
-            meta(gone)["resourceVersion"] = str(change.rv)
-            return ("DELETED", gone)
+            # the previous state, carrying this change's resourceVersion (as the watch cache)
+            gone = dict(change.old)
+            gone["metadata"] = {**change.old["metadata"], "resourceVersion": str(change.rv)}
+            return ("DELETED", view(rtype, gone, share=True))
         return None
 
     def push(self, item: tuple[str, Any]) -> None:
@@ -186,14 +191,6 @@ def _decode_continue(token: str) -> tuple[int, Key]:
         return int(data["rv"]), (str(data["start"][0]), str(data["start"][1]))
     except (ValueError, KeyError, IndexError, TypeError) as e:
         raise st.bad_request(f"continue key is not valid: {e}") from None
-
-
-def _strip_for_compare(obj: Obj) -> Obj:
-    o = copy.deepcopy(obj)
-    m = o.get("metadata") or {}
-    m.pop("resourceVersion", None)
-    m.pop("managedFields", None)
-    return o
 
 
 class Store:
@@ -269,7 +266,7 @@ class Store:
     def _commit(self, rtype: ResourceType, kind: str, new: Obj, old: Obj | None) -> Obj:
         self._rv += 1
         storage = STORAGE[rtype.storage_key]
-        new = copy.deepcopy(new)
+        new = clone(new)
         new["kind"] = storage.kind
         new["apiVersion"] = storage.api_version
         meta(new)["resourceVersion"] = str(self._rv)
@@ -294,7 +291,7 @@ class Store:
     def seed(self, rtype: ResourceType, obj: Obj) -> Obj:
         """Store an object as given (no API defaulting or validation), creating or replacing it;
         fills name-independent metadata (uid, creationTimestamp, generation) when missing."""
-        new = to_storage(rtype, copy.deepcopy(obj))
+        new = to_storage(rtype, clone(obj))
         m = meta(new)
         if not m.get("name"):
             raise ValueError("seeded objects need metadata.name")
@@ -410,7 +407,7 @@ class Store:
 
     @staticmethod
     def _pod_spec_frozen(spec: Any) -> Any:
-        s = copy.deepcopy(spec) if isinstance(spec, dict) else {}
+        s = clone(spec) if isinstance(spec, dict) else {}
         for field in (
             "activeDeadlineSeconds",
             "tolerations",
@@ -451,7 +448,7 @@ class Store:
         self._check_kind(rtype, body)
         if rtype is EVENTS_V1:
             self._validate_event_v1(body)
-        obj = to_storage(rtype, copy.deepcopy(body))
+        obj = to_storage(rtype, clone(body))
         if rtype is EVENT:
             self._validate_event(obj)
         m = meta(obj)
@@ -535,7 +532,7 @@ class Store:
                 raise st.bad_request("the request body must be a JSON object")
             self._check_kind(rtype, new)
             result = self._prepare_update(rtype, cur, to_storage(rtype, new), subresource)
-            if _strip_for_compare(result) == _strip_for_compare(cur):
+            if same_content(result, cur):
                 return view(rtype, cur), False  # no-op: no new resourceVersion, no event
             if dry_run:
                 return view(rtype, result), False
@@ -566,22 +563,22 @@ class Store:
             raise st.conflict(rtype.plural, name, group=rtype.group)
         if nm.get("uid") and nm["uid"] != cm["uid"]:
             raise st.uid_precondition(rtype.plural, name, nm["uid"], cm["uid"], rtype.group)
-        result = copy.deepcopy(new)
+        result = clone(new)
         if subresource == "status":
             # As pods/status and nodes/status: spec and ownerReferences stay as stored;
             # status, labels, annotations and finalizers may change.
             for part in ("spec",):
                 if part in cur:
-                    result[part] = copy.deepcopy(cur[part])
+                    result[part] = clone(cur[part])
                 else:
                     result.pop(part, None)
             if "ownerReferences" in cm:
-                meta(result)["ownerReferences"] = copy.deepcopy(cm["ownerReferences"])
+                meta(result)["ownerReferences"] = clone(cm["ownerReferences"])
             else:
                 meta(result).pop("ownerReferences", None)
         elif rtype.status_subresource:
             if "status" in cur:
-                result["status"] = copy.deepcopy(cur["status"])
+                result["status"] = clone(cur["status"])
             else:
                 result.pop("status", None)
         if (
@@ -661,7 +658,7 @@ class Store:
                 raise st.conflict(
                     "pods/binding", name, f'pod {name} is already assigned to node "{node}"'
                 )
-            pod = copy.deepcopy(cur)
+            pod = clone(cur)
             pod.setdefault("spec", {})["nodeName"] = target["name"]
             if bm.get("annotations"):
                 meta(pod).setdefault("annotations", {}).update(bm["annotations"])
@@ -732,7 +729,7 @@ class Store:
                 and int(cm.get("deletionGracePeriodSeconds") or 0) <= grace
             ):
                 return view(rtype, cur), False  # already being deleted, no shorter grace asked
-            marked = copy.deepcopy(cur)
+            marked = clone(cur)
             mm = marked["metadata"]
             mm["deletionTimestamp"] = now_rfc3339(lambda: self.clock() + grace)
             mm["deletionGracePeriodSeconds"] = grace
@@ -796,7 +793,7 @@ class Store:
                 for k, o in objs.items()
                 if (namespace is None or k[0] == namespace)
                 and labels.matches((o.get("metadata") or {}).get("labels"))
-                and fields.matches(rtype.field_values(o))
+                and fields.matches_object(rtype, o)
             )
             if start_after is not None:
                 keys = [k for k in keys if k > start_after]
@@ -831,7 +828,7 @@ class Store:
                 for k, o in self._table(rtype).items()
                 if (namespace is None or k[0] == namespace)
                 and labels.matches((o.get("metadata") or {}).get("labels"))
-                and fields.matches(rtype.field_values(o))
+                and fields.matches_object(rtype, o)
             )
 
     # ------------------------------------------------------------------ watch
@@ -860,7 +857,7 @@ class Store:
                 for k in sorted(self._table(rtype)):
                     obj = self._table(rtype)[k]
                     if w.passes(obj):
-                        backlog.append(("ADDED", view(rtype, obj)))
+                        backlog.append(("ADDED", view(rtype, obj, share=True)))
             if resource_version not in (None, "", "0"):
                 try:
                     since = int(str(resource_version))
