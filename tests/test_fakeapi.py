@@ -927,3 +927,75 @@ def test_deletecollection_dry_run_and_retry_after(fake_api):
     assert r.status_code == 429 and r.headers["Retry-After"] == "1"
     assert r.json()["reason"] == "TooManyRequests"
     assert httpx.get(f"{fake_api.url}/api/v1/pods").status_code == 200
+
+
+def test_node_agent_style_watch_by_node_name_sees_binding(fake_api):
+    c = client(fake_api)
+    c.create(pod("p1"))
+    c.create(pod("p2"))
+    stream = c.watch(Pod, namespace="*", fields={"spec.nodeName": "n1"})
+    raw(fake_api, "POST", "/api/v1/namespaces/default/pods/p2/binding", bind_body("p2", "n1"))
+    t, o = take(stream, 1)[0]
+    assert (t, o.metadata.name, o.spec.nodeName) == ("ADDED", "p2", "n1")  # matches from now on
+    c.delete(Pod, "p2")
+    assert [(t, o.metadata.name) for t, o in take(stream, 1)] == [("DELETED", "p2")]
+    stream.close()
+
+
+def test_flaky_watches_lose_no_event(fake_api):
+    fake_api.faults.flaky_watches(0.3, resources="pods")
+    c = client(fake_api)
+    # from a known version, so the writer cannot race the first watch request
+    stream = c.watch(Pod, namespace="default", resource_version=fake_api.resource_version)
+
+    def writer():
+        c2 = client(fake_api)
+        for i in range(30):
+            c2.create(pod(f"p{i}"))
+            c2.patch(
+                Pod, f"p{i}", {"metadata": {"labels": {"n": str(i)}}}, patch_type=PatchType.MERGE
+            )
+
+    t = threading.Thread(target=writer)
+    t.start()
+    events = take(stream, 60)
+    t.join()
+    stream.close()
+    # every change exactly once, in order, across the reconnections
+    assert [(k, o.metadata.name) for k, o in events] == [
+        (k, f"p{i}") for i in range(30) for k in ("ADDED", "MODIFIED")
+    ]
+    rvs = [int(o.metadata.resourceVersion) for _, o in events]
+    assert rvs == sorted(rvs) and len(set(rvs)) == 60
+    assert len(fake_api.requests_for("watch", "pods")) > 3  # it did reconnect
+
+
+def test_timed_outage_ends_by_itself(fake_api):
+    c = client(fake_api)
+    fake_api.faults.unavailable(seconds=0.3)
+    with pytest.raises(ApiError) as e:
+        c.list(Pod).__iter__().__next__()
+    assert e.value.status.code == 503
+    time.sleep(0.35)
+    assert list(c.list(Pod)) == []
+
+
+def test_stop_with_open_watch_is_prompt(fake_api_factory):
+    api = fake_api_factory()
+    api.create({"kind": "Node", "metadata": {"name": "n1"}})
+    with httpx.stream("GET", f"{api.url}/api/v1/nodes?watch=1", timeout=5) as r:
+        lines = r.iter_lines()
+        assert json.loads(next(lines))["type"] == "ADDED"
+        start = time.monotonic()
+        api.stop()
+        assert time.monotonic() - start < 2
+        assert list(lines) == []  # the stream ends cleanly
+
+
+def test_requests_are_recorded_with_client_identity(fake_api):
+    c = client(fake_api)
+    c.create(pod("p1"))
+    rec = fake_api.requests_for("create", "pods")[-1]
+    assert rec.method == "POST" and rec.status == 201 and rec.namespace == "default"
+    assert rec.authorization == "Bearer fake-token"
+    assert rec.body["metadata"]["name"] == "p1"

@@ -78,6 +78,8 @@ class RequestRecord:
     name: str | None
     status: int
     body: Any
+    user_agent: str = ""
+    authorization: str = ""
 
 
 @dataclass
@@ -363,6 +365,8 @@ class FakeApiServer:
                 call.name if call else None,
                 status,
                 body,
+                request.headers.get("User-Agent", ""),
+                request.headers.get("Authorization", ""),
             )
         )
 
@@ -786,6 +790,10 @@ class FakeApiServer:
                         break
                     continue
                 await send(kind, obj)
+                cut = self.faults.cut_after_event(call.resource)
+                if cut is not None:
+                    abrupt = cut == "abrupt"
+                    break
         except (ConnectionResetError, asyncio.CancelledError):
             self.store.unwatch(watcher)
             raise
