@@ -999,3 +999,78 @@ def test_requests_are_recorded_with_client_identity(fake_api):
     assert rec.method == "POST" and rec.status == 201 and rec.namespace == "default"
     assert rec.authorization == "Bearer fake-token"
     assert rec.body["metadata"]["name"] == "p1"
+
+
+def test_label_and_resource_validation_like_the_real_server(fake_api):
+    c = client(fake_api)
+    c.create(Node(metadata=ObjectMeta(name="n1")))
+    with pytest.raises(ApiError) as e:  # a card model with spaces is not a label value
+        c.patch(
+            Node,
+            "n1",
+            {"metadata": {"labels": {"gpu-model": "NVIDIA A100 80GB"}}},
+            patch_type=PatchType.MERGE,
+        )
+    assert e.value.status.code == 422 and e.value.status.details.causes[0].field == (
+        "metadata.labels"
+    )
+    ok = c.patch(
+        Node,
+        "n1",
+        {"metadata": {"labels": {"gpu-model": "NVIDIA-A100-80GB"}}},
+        patch_type=PatchType.MERGE,
+    )
+    assert ok.metadata.labels == {"gpu-model": "NVIDIA-A100-80GB"}
+    with pytest.raises(ApiError) as e:  # extended resources are whole numbers
+        c.patch(
+            Node.Status,
+            "n1",
+            {"status": {"capacity": {"aliyun.com/gpu-mem": "15.5"}}},
+            patch_type=PatchType.MERGE,
+        )
+    assert e.value.status.code == 422 and "must be an integer" in e.value.status.message
+    n = c.patch(
+        Node.Status,
+        "n1",
+        {"status": {"capacity": {"aliyun.com/gpu-mem": "30", "memory": "64Gi"}}},
+        patch_type=PatchType.MERGE,
+    )
+    assert n.status.capacity == {"aliyun.com/gpu-mem": "30", "memory": "64Gi"}
+
+    def gpu_pod(name, resources):
+        return {
+            "metadata": {"name": name},
+            "spec": {"containers": [{"name": "c", "image": "i", "resources": resources}]},
+        }
+
+    path = "/api/v1/namespaces/default/pods"
+    status, _, body = raw(
+        fake_api,
+        "POST",
+        path,
+        gpu_pod("ok", {"limits": {"aliyun.com/gpu-mem": "3", "cpu": "500m"}}),
+    )
+    assert status == 201  # requests default to the limits
+    assert body["spec"]["containers"][0]["resources"]["requests"] == {
+        "aliyun.com/gpu-mem": "3",
+        "cpu": "500m",
+    }
+    status, _, body = raw(
+        fake_api, "POST", path, gpu_pod("half", {"limits": {"aliyun.com/gpu-mem": "0.5"}})
+    )
+    assert status == 422 and "must be an integer" in body["message"]
+    status, _, body = raw(
+        fake_api,
+        "POST",
+        path,
+        gpu_pod(
+            "over", {"requests": {"aliyun.com/gpu-mem": "2"}, "limits": {"aliyun.com/gpu-mem": "3"}}
+        ),
+    )
+    assert status == 422 and "must be equal to aliyun.com/gpu-mem limit" in body["message"]
+    status, _, body = raw(
+        fake_api, "POST", path, gpu_pod("nolimit", {"requests": {"aliyun.com/gpu-mem": "2"}})
+    )
+    assert status == 422 and "Limit must be set" in body["message"]
+    status, _, body = raw(fake_api, "POST", path, gpu_pod("bad", {"limits": {"memory": "lots"}}))
+    assert status == 422 and "must be a valid quantity" in body["message"]

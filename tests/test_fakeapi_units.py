@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from decimal import Decimal
 
 import pytest
 
@@ -15,6 +16,7 @@ from sharegpu.testing.selectors import (
     parse_label_selector,
 )
 from sharegpu.testing.store import Store
+from sharegpu.testing.validation import is_extended_resource, parse_quantity
 
 # ------------------------------------------------------------------------------- merge patch
 
@@ -319,3 +321,32 @@ def test_strict_namespaces():
         s.create(POD, "nope", pod("a"))
     assert e.value.code == 404 and e.value.message == 'namespaces "nope" not found'
     assert s.create(POD, "kube-system", pod("a"))["metadata"]["namespace"] == "kube-system"
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("1", Decimal(1)),
+        ("500m", Decimal("0.5")),
+        ("15Gi", Decimal(15 * 2**30)),
+        ("1k", Decimal(1000)),
+        ("1e3", Decimal(1000)),
+        ("1E", Decimal(10**18)),
+        (".5", Decimal("0.5")),
+        (3, Decimal(3)),
+        ("1.5.2", None),
+        ("lots", None),
+        ("1 Gi", None),
+        (True, None),
+    ],
+)
+def test_parse_quantity(text, value):
+    assert parse_quantity(text) == value
+
+
+def test_extended_resource_names():
+    assert is_extended_resource("aliyun.com/gpu-mem")
+    assert is_extended_resource("nvidia.com/gpu")
+    assert not is_extended_resource("cpu")
+    assert not is_extended_resource("kubernetes.io/something")
+    assert not is_extended_resource("hugepages-2Mi")

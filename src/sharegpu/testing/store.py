@@ -41,8 +41,14 @@ from typing import Any
 
 from . import status as st
 from .jsonobj import clone, same_content
-from .resources import EVENT, EVENTS_V1, NAMESPACE, POD, STORAGE, ResourceType
+from .resources import EVENT, EVENTS_V1, NAMESPACE, NODE, POD, STORAGE, ResourceType
 from .selectors import FieldSelector, LabelSelector
+from .validation import (
+    default_pod_resources,
+    validate_metadata,
+    validate_node_resources,
+    validate_pod_resources,
+)
 
 Obj = dict[str, Any]
 Key = tuple[str, str]  # (namespace or "", name)
@@ -369,6 +375,20 @@ class Store:
                 raise st.invalid("Pod", name, [(f"spec.containers[{i}].image", "Required value")])
 
     @staticmethod
+    def _validate(rtype: ResourceType, obj: Obj, *, creating: bool) -> None:
+        """Label/annotation syntax and resource quantities (pods also get requests defaulted
+        from limits on create), as the real server validates every create and update."""
+        causes = validate_metadata(meta(obj))
+        if rtype is POD:
+            if creating:
+                default_pod_resources(obj)
+            causes += validate_pod_resources(obj)
+        elif rtype is NODE:
+            causes += validate_node_resources(obj)
+        if causes:
+            raise st.invalid(rtype.kind, meta(obj).get("name", ""), causes, rtype.group)
+
+    @staticmethod
     def _validate_event_v1(event: Obj) -> None:
         """The rules events.k8s.io/v1 adds for new events (series rules left out)."""
         name = meta(event).get("name", "")
@@ -496,6 +516,7 @@ class Store:
                 obj["status"] = {"phase": "Pending", "qosClass": self._qos_class(obj)}
             elif rtype is NAMESPACE:
                 obj["status"] = {"phase": "Active"}
+            self._validate(rtype, obj, creating=True)
             if dry_run:
                 return view(rtype, obj)
             return self._commit(rtype, "ADDED", obj, None)
@@ -614,6 +635,7 @@ class Store:
                 ],
                 rtype.group,
             )
+        self._validate(rtype, result, creating=False)
         gen = int(cm.get("generation") or 1)
         rm["generation"] = gen + 1 if result.get("spec") != cur.get("spec") else gen
         rm["resourceVersion"] = cm["resourceVersion"]

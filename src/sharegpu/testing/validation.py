@@ -1,0 +1,167 @@
+"""The object validation rules of the real API server that sharegpu's writes can run into:
+label and annotation syntax, resource quantities (extended resources such as
+``aliyun.com/gpu-mem`` are whole numbers, and in pods their request must equal their limit),
+and the defaulting of container requests from limits.
+
+Each check returns ``(field, message)`` causes; the store turns them into 422 Invalid.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_PREFIX = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+_QUALIFIED = re.compile(rf"^({_PREFIX}/)?{_NAME}$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_QUANTITY = re.compile(
+    r"^(?P<num>[+-]?(\d+(\.\d*)?|\.\d+))(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?$"
+)
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {
+    "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1),
+    "k": Decimal("1e3"), "M": Decimal("1e6"), "G": Decimal("1e9"), "T": Decimal("1e12"),
+    "P": Decimal("1e15"), "E": Decimal("1e18"),
+}  # fmt: skip
+_NATIVE_PREFIXES = ("kubernetes.io/", "requests.")
+_MAX_ANNOTATIONS = 256 * 1024
+
+Causes = list[tuple[str, str]]
+
+LABEL_VALUE_RULE = (
+    "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or "
+    "'.', and must start and end with an alphanumeric character"
+)
+KEY_RULE = (
+    "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end "
+    "with an alphanumeric character, with an optional DNS subdomain prefix and '/'"
+)
+
+
+def parse_quantity(text: Any) -> Decimal | None:
+    """The value of a Kubernetes quantity ("1", "500m", "15Gi", "1e3"), or None if invalid."""
+    if isinstance(text, bool) or not isinstance(text, (str, int, float)):
+        return None
+    m = _QUANTITY.match(str(text).strip()) if isinstance(text, str) else None
+    if isinstance(text, (int, float)):
+        return Decimal(str(text))
+    if m is None:
+        return None
+    try:
+        num = Decimal(m["num"])
+    except InvalidOperation:
+        return None
+    suffix = m["suffix"] or ""
+    if suffix in _BINARY:
+        return num * _BINARY[suffix]
+    if suffix in _DECIMAL:
+        return num * _DECIMAL[suffix]
+    return num * (Decimal(10) ** int(suffix[1:]))
+
+
+def is_extended_resource(name: str) -> bool:
+    """Extended resources (``vendor.com/thing``) outside the kubernetes.io namespace."""
+    return (
+        "/" in name
+        and not any(name.startswith(p) for p in _NATIVE_PREFIXES)
+        and not (name.split("/", 1)[0].endswith(".kubernetes.io"))
+    )
+
+
+def check_key(key: Any) -> bool:
+    return isinstance(key, str) and bool(_QUALIFIED.match(key)) and len(key.split("/")[-1]) <= 63
+
+
+def validate_metadata(meta: dict[str, Any]) -> Causes:
+    causes: Causes = []
+    labels = meta.get("labels") or {}
+    if not isinstance(labels, dict):
+        return [("metadata.labels", "Invalid value: must be a map of strings")]
+    for key, value in labels.items():
+        if not check_key(key):
+            causes.append(("metadata.labels", f'Invalid value: "{key}": {KEY_RULE}'))
+        if not isinstance(value, str) or len(value) > 63 or not _LABEL_VALUE.match(value):
+            causes.append(("metadata.labels", f'Invalid value: "{value}": {LABEL_VALUE_RULE}'))
+    annotations = meta.get("annotations") or {}
+    if not isinstance(annotations, dict):
+        return [*causes, ("metadata.annotations", "Invalid value: must be a map of strings")]
+    size = 0
+    for key, value in annotations.items():
+        if not check_key(key):
+            causes.append(("metadata.annotations", f'Invalid value: "{key}": {KEY_RULE}'))
+        if not isinstance(value, str):
+            causes.append(("metadata.annotations", f"Invalid value: {key}: values must be strings"))
+            continue
+        size += len(key) + len(value)
+    if size > _MAX_ANNOTATIONS:
+        causes.append(
+            ("metadata.annotations", f"Too long: must have at most {_MAX_ANNOTATIONS} bytes")
+        )
+    return causes
+
+
+def _check_quantity(path: str, name: str, value: Any) -> Causes:
+    q = parse_quantity(value)
+    if q is None:
+        return [(f"{path}[{name}]", f'Invalid value: "{value}": must be a valid quantity')]
+    if q < 0:
+        return [
+            (f"{path}[{name}]", f'Invalid value: "{value}": must be greater than or equal to 0')
+        ]
+    if is_extended_resource(name) and q != q.to_integral_value():
+        return [(f"{path}[{name}]", f'Invalid value: "{value}": must be an integer')]
+    return []
+
+
+def default_pod_resources(pod: dict[str, Any]) -> None:
+    """Requests default to limits for every resource that has only a limit (upstream defaulting)."""
+    spec = pod.get("spec") or {}
+    for group in ("containers", "initContainers"):
+        for c in spec.get(group) or []:
+            res = c.get("resources") if isinstance(c, dict) else None
+            if not isinstance(res, dict) or not isinstance(res.get("limits"), dict):
+                continue
+            requests = res.setdefault("requests", {})
+            if isinstance(requests, dict):
+                for name, value in res["limits"].items():
+                    requests.setdefault(name, value)
+
+
+def validate_pod_resources(pod: dict[str, Any]) -> Causes:
+    causes: Causes = []
+    spec = pod.get("spec") or {}
+    for group in ("containers", "initContainers"):
+        for i, c in enumerate(spec.get(group) or []):
+            res = (c.get("resources") if isinstance(c, dict) else None) or {}
+            path = f"spec.{group}[{i}].resources"
+            limits = res.get("limits") or {}
+            requests = res.get("requests") or {}
+            for kind, table in (("limits", limits), ("requests", requests)):
+                for name, value in table.items():
+                    causes += _check_quantity(f"{path}.{kind}", name, value)
+            for name, value in requests.items():
+                if not is_extended_resource(name):
+                    continue
+                if name not in limits:
+                    why = "Required value: Limit must be set for non overcommitable resources"
+                    why += f" ({name})"
+                    causes.append((f"{path}.limits", why))
+                elif parse_quantity(value) != parse_quantity(limits[name]):
+                    why = (
+                        f'Invalid value: "{value}": must be equal to {name} limit of {limits[name]}'
+                    )
+                    causes.append((f"{path}.requests[{name}]", why))
+    return causes
+
+
+def validate_node_resources(node: dict[str, Any]) -> Causes:
+    causes: Causes = []
+    status = node.get("status") or {}
+    for kind in ("capacity", "allocatable"):
+        table = status.get(kind) or {}
+        if isinstance(table, dict):
+            for name, value in table.items():
+                causes += _check_quantity(f"status.{kind}", name, value)
+    return causes
