@@ -1074,3 +1074,8 @@ def test_label_and_resource_validation_like_the_real_server(fake_api):
     assert status == 422 and "Limit must be set" in body["message"]
     status, _, body = raw(fake_api, "POST", path, gpu_pod("bad", {"limits": {"memory": "lots"}}))
     assert status == 422 and "must be a valid quantity" in body["message"]
+
+
+def test_default_client_config_finds_the_fake_through_kubeconfig_env(fake_api_env):
+    fake_api_env.create({"kind": "Node", "metadata": {"name": "n1"}})
+    assert [n.metadata.name for n in Client().list(Node)] == ["n1"]  # in-cluster, else $KUBECONFIG

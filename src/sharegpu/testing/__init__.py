@@ -1,7 +1,8 @@
 """Test doubles for sharegpu's cluster adapters (need the ``test`` extra: aiohttp).
 
 - :class:`~sharegpu.testing.fakeapi.FakeApiServer`: a fake Kubernetes API server on 127.0.0.1.
-- :mod:`sharegpu.testing.fixtures`: pytest fixtures (``fake_api``, ``fake_api_factory``).
+- :mod:`sharegpu.testing.fixtures`: pytest fixtures (``fake_api``, ``fake_api_factory``,
+  ``fake_api_env``).
 """
 
 from .fakeapi import FakeApiServer, RequestRecord
