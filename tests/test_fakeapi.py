@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import threading
 import time
 
@@ -1079,3 +1080,23 @@ def test_label_and_resource_validation_like_the_real_server(fake_api):
 def test_default_client_config_finds_the_fake_through_kubeconfig_env(fake_api_env):
     fake_api_env.create({"kind": "Node", "metadata": {"name": "n1"}})
     assert [n.metadata.name for n in Client().list(Node)] == ["n1"]  # in-cluster, else $KUBECONFIG
+
+
+def test_tls_and_token(fake_api_factory):
+    api = fake_api_factory(tls=True, token="s3cret")
+    assert api.url.startswith("https://") and api.ca_cert_path.is_file()
+    trust = ssl.create_default_context(cafile=str(api.ca_cert_path))
+    c = client(api)  # the kubeconfig names the CA and carries the token
+    c.create(Node(metadata=ObjectMeta(name="n1")))
+    assert [n.metadata.name for n in c.list(Node)] == ["n1"]
+    assert httpx.get(f"{api.url}/version", verify=trust).status_code == 200
+    r = httpx.get(f"{api.url}/api/v1/nodes", verify=trust)
+    assert r.status_code == 401 and r.json()["reason"] == "Unauthorized"
+    r = httpx.get(
+        f"{api.url}/api/v1/nodes",
+        verify=trust,
+        headers={"Authorization": "Bearer wrong"},
+    )
+    assert r.status_code == 401
+    with pytest.raises(httpx.ConnectError):  # not trusted without the CA
+        httpx.get(f"{api.url}/version")

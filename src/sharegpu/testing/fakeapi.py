@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import shutil
+import ssl
 import tempfile
 import threading
 import time
@@ -43,6 +44,7 @@ from .patches import PatchError, json_patch, merge_patch, strategic_merge_patch
 from .resources import ResourceType
 from .selectors import SelectorError, parse_field_selector, parse_label_selector
 from .store import CLOSE, INITIAL_EVENTS_END, Obj, Store, Watcher
+from .tls import make_certificates
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
@@ -129,7 +131,10 @@ class FakeApiServer:
     ``watch_timeout`` (server-side cap on a watch in seconds, None: none unless the client sets
     ``timeoutSeconds``), ``graceful_pod_deletion`` (DELETE of a bound pod only marks it, like
     a real cluster waiting for the kubelet), ``strict_namespaces`` (namespaced writes need an
-    existing Namespace; default, kube-system, kube-public and kube-node-lease exist).
+    existing Namespace; default, kube-system, kube-public and kube-node-lease exist), ``tls``
+    (serve HTTPS with a throwaway CA, ``ca_cert_path``, named in the kubeconfig), ``token``
+    (answer 401 to requests without ``Authorization: Bearer <token>``, except health and
+    version; the kubeconfig carries it).
     """
 
     def __init__(
@@ -144,9 +149,14 @@ class FakeApiServer:
         graceful_pod_deletion: bool = False,
         strict_namespaces: bool = False,
         max_request_log: int = 10000,
+        tls: bool = False,
+        token: str | None = None,
     ) -> None:
         self.host = host
         self.port = port
+        self.tls = tls
+        self.token = token
+        self.ca_cert_path: Path | None = None
         self.store = Store(
             history_size=history_size,
             seed=seed,
@@ -167,7 +177,7 @@ class FakeApiServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     async def start_async(self) -> FakeApiServer:
         """Start serving in the running event loop."""
@@ -177,7 +187,13 @@ class FakeApiServer:
             app, access_log=None, handler_cancellation=True, shutdown_timeout=0.5
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
+        ssl_context = None
+        if self.tls:
+            certs = make_certificates(self._workdir() / "tls", (self.host, "localhost"))
+            self.ca_cert_path = certs.ca_cert
+            ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            ssl_context.load_cert_chain(certs.cert, certs.key)
+        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=ssl_context)
         await site.start()
         self.port = self._runner.addresses[0][1]
         self._loop = asyncio.get_running_loop()
@@ -244,14 +260,20 @@ class FakeApiServer:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop_async()
 
-    def _write_kubeconfig(self) -> None:
+    def _workdir(self) -> Path:
         if self._tmpdir is None:
             self._tmpdir = Path(tempfile.mkdtemp(prefix="fake-kube-"))
+        return self._tmpdir
+
+    def _write_kubeconfig(self) -> None:
+        cluster: dict[str, Any] = {"server": self.url}
+        if self.ca_cert_path is not None:
+            cluster["certificate-authority"] = str(self.ca_cert_path)
         cfg = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
-            "users": [{"name": "fake", "user": {"token": "fake-token"}}],
+            "clusters": [{"name": "fake", "cluster": cluster}],
+            "users": [{"name": "fake", "user": {"token": self.token or "fake-token"}}],
             "contexts": [
                 {
                     "name": "fake",
@@ -260,7 +282,7 @@ class FakeApiServer:
             ],
             "current-context": "fake",
         }
-        self.kubeconfig_path = self._tmpdir / "kubeconfig"
+        self.kubeconfig_path = self._workdir() / "kubeconfig"
         self.kubeconfig_path.write_text(yaml.safe_dump(cfg))
 
     # ================================================================== state helpers
@@ -377,6 +399,13 @@ class FakeApiServer:
             if self.faults.is_down:
                 raise st.unavailable()
             segs = [s for s in request.path.split("/") if s]
+            public = len(segs) == 1 and segs[0] in ("healthz", "livez", "readyz", "version")
+            if (
+                self.token is not None
+                and not public
+                and request.headers.get("Authorization") != f"Bearer {self.token}"
+            ):
+                raise st.StatusError(401, "Unauthorized", "Unauthorized")
             disco = self._discovery(segs)
             if disco is not None:
                 self._record(request, "discovery", None, disco.status, None)
