@@ -1100,3 +1100,26 @@ def test_tls_and_token(fake_api_factory):
     assert r.status_code == 401
     with pytest.raises(httpx.ConnectError):  # not trusted without the CA
         httpx.get(f"{api.url}/version")
+
+
+def test_malformed_requests_get_status_errors(fake_api):
+    url = f"{fake_api.url}/api/v1/namespaces/default/pods"
+    r = httpx.post(url, content=b"{not json", headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["reason"] == "BadRequest"
+    r = httpx.post(url, content=b"\xff\xfe\xfa", headers={"Content-Type": "application/json"})
+    assert r.status_code == 400
+    r = httpx.post(url, content=b"<pod/>", headers={"Content-Type": "application/xml"})
+    assert r.status_code == 415 and r.json()["reason"] == "UnsupportedMediaType"
+    r = httpx.patch(f"{url}/x", content=b"{}", headers={"Content-Type": "application/json"})
+    assert r.status_code == 415
+    r = httpx.get(f"{url}?limit=many")
+    assert r.status_code == 400
+    r = httpx.get(f"{url}?watch=1&resourceVersion=abc")
+    assert r.status_code == 400
+    r = httpx.put(f"{url}/x", json={"metadata": {"name": "y"}})
+    assert r.status_code == 400 and "does not match the name on the URL" in r.json()["message"]
+    r = httpx.post(f"{fake_api.url}/api/v1/pods", json={"metadata": {"name": "x"}})
+    assert r.status_code == 405
+    r = httpx.get(f"{fake_api.url}/api/v1/namespaces/default/pods/x/binding")
+    assert r.status_code == 405
+    assert all(rec.status >= 400 for rec in fake_api.requests)

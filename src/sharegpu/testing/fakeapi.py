@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import shutil
 import ssl
 import tempfile
@@ -45,6 +46,8 @@ from .resources import ResourceType
 from .selectors import SelectorError, parse_field_selector, parse_label_selector
 from .store import CLOSE, INITIAL_EVENTS_END, Obj, Store, Watcher
 from .tls import make_certificates
+
+_log = logging.getLogger(__name__)
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
@@ -419,7 +422,6 @@ class FakeApiServer:
             if decision.error is not None and not decision.after_commit:
                 raise decision.error
             if call.verb == "watch":
-                self._record(request, "watch", call, 200, None)
                 return await self._watch(request, call)
             if request.method in ("POST", "PUT", "PATCH"):
                 body = await self._read_body(request, call)
@@ -437,9 +439,13 @@ class FakeApiServer:
         except SelectorError as e:
             self._record(request, call.verb if call else "unknown", call, 400, body)
             return _error_response(st.bad_request(str(e)))
-        except json.JSONDecodeError as e:
+        except (ValueError, yaml.YAMLError) as e:  # JSON/YAML decoding, bad numbers
             self._record(request, call.verb if call else "unknown", call, 400, body)
-            return _error_response(st.bad_request(f"error decoding the request body: {e}"))
+            return _error_response(st.bad_request(f"error decoding the request: {e}"))
+        except Exception as e:  # a bug in the fake: answer like the real server would
+            _log.exception("fake API server: %s %s failed", request.method, request.path)
+            self._record(request, call.verb if call else "unknown", call, 500, body)
+            return _error_response(st.internal(repr(e)))
 
     async def _read_body(self, request: web.Request, call: _Call) -> Any:
         raw = await request.read()
@@ -764,11 +770,13 @@ class FakeApiServer:
             if e.code != 410:
                 raise
             # The real server opens the stream, then sends the 410 as an ERROR event.
+            self._record(request, "watch", call, 200, None)
             await resp.prepare(request)
             await resp.write(_dumps({"type": "ERROR", "object": e.body()}) + b"\n")
             await resp.write_eof()
             return resp
         start_rv = self.store.resource_version
+        self._record(request, "watch", call, 200, None)
         await resp.prepare(request)
 
         async def send(kind: str, obj: Obj) -> None:
