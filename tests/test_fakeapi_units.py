@@ -350,3 +350,12 @@ def test_extended_resource_names():
     assert not is_extended_resource("cpu")
     assert not is_extended_resource("kubernetes.io/something")
     assert not is_extended_resource("hugepages-2Mi")
+
+
+def test_update_without_kind_that_changes_nothing_is_a_noop():
+    s = Store()
+    created = s.create(NODE, None, {"metadata": {"name": "n1", "labels": {"a": "b"}}})
+    body = {k: v for k, v in created.items() if k not in ("kind", "apiVersion")}
+    same, _ = s.update(NODE, None, "n1", lambda _cur: body)
+    assert same["metadata"]["resourceVersion"] == created["metadata"]["resourceVersion"]
+    assert s.resource_version == int(created["metadata"]["resourceVersion"])

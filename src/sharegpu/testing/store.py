@@ -537,7 +537,7 @@ class Store:
         """Read-modify-write under the lock: ``mutate`` gets a copy of the stored object (or None
         when missing and ``create_missing``) and returns the desired object. Returns the stored
         result and whether it was created."""
-        ns = namespace or "" if rtype.namespaced else ""
+        ns = (namespace or "") if rtype.namespaced else ""
         with self._lock:
             cur = self._table(rtype).get((ns, name))
             if cur is None:
@@ -639,6 +639,8 @@ class Store:
         gen = int(cm.get("generation") or 1)
         rm["generation"] = gen + 1 if result.get("spec") != cur.get("spec") else gen
         rm["resourceVersion"] = cm["resourceVersion"]
+        storage = STORAGE[rtype.storage_key]
+        result["kind"], result["apiVersion"] = storage.kind, storage.api_version
         return result
 
     # ------------------------------------------------------------------ binding
@@ -715,7 +717,7 @@ class Store:
     ) -> tuple[Obj, bool]:
         """DELETE: returns (object, deleted now). Finalizers (and, with graceful pod deletion, a
         bound pod's grace period) only mark the object with a deletionTimestamp."""
-        ns = namespace or "" if rtype.namespaced else ""
+        ns = (namespace or "") if rtype.namespaced else ""
         with self._lock:
             cur = self._table(rtype).get((ns, name))
             if cur is None:
