@@ -1123,3 +1123,98 @@ def test_malformed_requests_get_status_errors(fake_api):
     r = httpx.get(f"{fake_api.url}/api/v1/namespaces/default/pods/x/binding")
     assert r.status_code == 405
     assert all(rec.status >= 400 for rec in fake_api.requests)
+
+
+class _Webhook:
+    """A validating admission webhook on 127.0.0.1: denies pods labelled deny=yes."""
+
+    def __init__(self):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        seen = self.seen = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                req = review["request"]
+                seen.append(req)
+                labels = ((req.get("object") or {}).get("metadata") or {}).get("labels") or {}
+                allowed = labels.get("deny") != "yes"
+                response = {"uid": req["uid"], "allowed": allowed}
+                if not allowed:
+                    response["status"] = {
+                        "code": 403,
+                        "reason": "Forbidden",
+                        "message": "pods labelled deny=yes are refused",
+                    }
+                data = json.dumps(
+                    {
+                        "apiVersion": "admission.k8s.io/v1",
+                        "kind": "AdmissionReview",
+                        "response": response,
+                    }
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/validate"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_validating_admission_webhooks(fake_api):
+    hook = _Webhook()
+    try:
+        fake_api.add_validating_webhook("deny.sharegpu.io", hook.url, resources=("pods",))
+        binds = fake_api.add_validating_webhook(
+            "bind.sharegpu.io", hook.url, resources=("pods/binding",), operations=("CREATE",)
+        )
+        c = client(fake_api)
+        c.create(pod("ok"))
+        with pytest.raises(ApiError) as e:
+            c.create(pod("bad", labels={"deny": "yes"}))
+        assert e.value.status.code == 403
+        assert e.value.status.message == (
+            'admission webhook "deny.sharegpu.io" denied the request: '
+            "pods labelled deny=yes are refused"
+        )
+        assert fake_api.get("pods", "bad") is None
+        with pytest.raises(ApiError):  # updates are reviewed too, with the old object
+            c.patch(
+                Pod, "ok", {"metadata": {"labels": {"deny": "yes"}}}, patch_type=PatchType.MERGE
+            )
+        update = hook.seen[-1]
+        assert update["operation"] == "UPDATE" and update["oldObject"]["metadata"]["name"] == "ok"
+        assert update["object"]["status"]["phase"] == "Pending"  # the object as it would be stored
+        status, _, _ = raw(
+            fake_api, "POST", "/api/v1/namespaces/default/pods/ok/binding", bind_body("ok", "n1")
+        )
+        assert status == 201
+        assert binds.reviews[-1]["request"]["kind"]["kind"] == "Binding"
+        assert binds.reviews[-1]["request"]["subResource"] == "binding"
+        create = hook.seen[0]
+        assert (create["operation"], create["namespace"], create["name"]) == (
+            "CREATE",
+            "default",
+            "ok",
+        )
+    finally:
+        hook.close()
+    # the webhook is gone: Fail refuses the write, Ignore lets it through
+    with pytest.raises(ApiError) as e:
+        c.create(pod("later"))
+    assert e.value.status.code == 500 and "failed calling webhook" in e.value.status.message
+    fake_api.webhooks.clear()
+    fake_api.add_validating_webhook("gone", hook.url, failure_policy="Ignore", timeout=1)
+    assert c.create(pod("later")).metadata.name == "later"
