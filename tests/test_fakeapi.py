@@ -523,7 +523,7 @@ def test_watch_bookmarks_and_timeout(fake_api_factory):
     start = time.monotonic()
     with httpx.stream("GET", url, timeout=5) as r:
         events = [json.loads(x) for x in r.iter_lines() if x]
-    assert 0.9 < time.monotonic() - start < 3
+    assert 0.9 < time.monotonic() - start < 5
     assert events[0]["type"] == "ADDED"
     marks = [e for e in events if e["type"] == "BOOKMARK"]
     assert len(marks) >= 5
@@ -714,14 +714,14 @@ def test_fault_after_commit_conflict_latency_and_outage(fake_api):
     assert e.value.status.reason == "Conflict"
     assert c.replace(p).metadata.labels == {"a": "b"}
 
-    fake_api.faults.delay(0.3, verbs="get", resources="nodes")
+    slow = fake_api.faults.delay(0.3, verbs="get", resources="nodes")
     fake_api.create({"kind": "Node", "metadata": {"name": "n1"}})
     start = time.monotonic()
     c.get(Node, "n1")
     assert time.monotonic() - start >= 0.3
-    start = time.monotonic()
     c.get(Pod, "p1")
-    assert time.monotonic() - start < 0.3
+    list(c.list(Node))
+    assert slow.fired == 1  # only the get of a node was delayed
 
     fake_api.faults.unavailable()
     with pytest.raises(ApiError) as e:
