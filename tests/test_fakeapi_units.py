@@ -279,10 +279,11 @@ def test_store_watch_backlog_filters_and_rejects_old_versions():
         s.create(POD, "default", pod("a", metadata={"name": "a", "labels": {"g": "1"}}))
         s.create(POD, "other", pod("b", metadata={"name": "b", "labels": {"g": "1"}}))
         sel = parse_label_selector("g=1")
-        _, backlog, _ = s.watch(
+        opened = s.watch(
             POD, "default", sel, parse_field_selector(""), loop, resource_version=str(start)
         )
-        assert [(t, o["metadata"]["name"]) for t, o in backlog] == [("ADDED", "a")]
+        assert [(t, o["metadata"]["name"]) for t, o in opened.backlog] == [("ADDED", "a")]
+        assert opened.resource_version == s.resource_version
         for i in range(5):
             s.create(NODE, None, {"metadata": {"name": f"n{i}"}})
         with pytest.raises(st.StatusError) as e:

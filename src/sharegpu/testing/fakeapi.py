@@ -44,9 +44,11 @@ from .admission import OPERATIONS, ValidatingWebhook, admit, review_request
 from .faults import Faults
 from .patches import PatchError, json_patch, merge_patch, strategic_merge_patch
 from .resources import ResourceType
+from .routing import PUBLIC_PATHS, Call, discovery, route
 from .selectors import SelectorError, parse_field_selector, parse_label_selector
-from .store import CLOSE, INITIAL_EVENTS_END, Obj, Store, Watcher
+from .store import Obj, Store
 from .tls import make_certificates
+from .watchstream import serve_watch
 
 _log = logging.getLogger(__name__)
 
@@ -56,19 +58,6 @@ STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
 PATCH_TYPES = (MERGE_PATCH, STRATEGIC_PATCH, JSON_PATCH, APPLY_PATCH)
-BOOKMARK = "__BOOKMARK__"
-
-SERVER_VERSION = {
-    "major": "1",
-    "minor": "31",
-    "gitVersion": "v1.31.0-sharegpu-fake",
-    "gitCommit": "0000000000000000000000000000000000000000",
-    "gitTreeState": "clean",
-    "buildDate": "2026-01-01T00:00:00Z",
-    "goVersion": "none",
-    "compiler": "none",
-    "platform": "linux/amd64",
-}
 
 
 @dataclass(frozen=True)
@@ -88,19 +77,6 @@ class RequestRecord:
     authorization: str = ""
 
 
-@dataclass
-class _Call:
-    verb: str
-    rtype: ResourceType
-    namespace: str | None
-    name: str | None
-    sub: str | None
-
-    @property
-    def resource(self) -> str:
-        return f"{self.rtype.plural}/{self.sub}" if self.sub else self.rtype.plural
-
-
 def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
@@ -118,12 +94,6 @@ def _json_response(
 def _error_response(err: st.StatusError) -> web.Response:
     headers = {"Retry-After": str(err.retry_after)} if err.retry_after else None
     return _json_response(err.body(), err.code, headers)
-
-
-def _truthy(value: str | None) -> bool | None:
-    if value is None:
-        return None
-    return value.lower() in ("1", "true", "yes")
 
 
 class FakeApiServer:
@@ -379,7 +349,7 @@ class FakeApiServer:
     # ================================================================== HTTP
 
     def _record(
-        self, request: web.Request, verb: str, call: _Call | None, status: int, body: Any
+        self, request: web.Request, verb: str, call: Call | None, status: int, body: Any
     ) -> None:
         self.requests.append(
             RequestRecord(
@@ -398,24 +368,26 @@ class FakeApiServer:
         )
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        call: _Call | None = None
+        call: Call | None = None
         body: Any = None
         try:
             if self.faults.is_down:
                 raise st.unavailable()
             segs = [s for s in request.path.split("/") if s]
-            public = len(segs) == 1 and segs[0] in ("healthz", "livez", "readyz", "version")
+            public = len(segs) == 1 and segs[0] in PUBLIC_PATHS
             if (
                 self.token is not None
                 and not public
                 and request.headers.get("Authorization") != f"Bearer {self.token}"
             ):
                 raise st.StatusError(401, "Unauthorized", "Unauthorized")
-            disco = self._discovery(segs)
-            if disco is not None:
-                self._record(request, "discovery", None, disco.status, None)
-                return disco
-            call = self._route(request.method, segs, request.query)
+            doc = discovery(segs, f"{self.host}:{self.port}")
+            if doc is not None:
+                self._record(request, "discovery", None, 200, None)
+                if isinstance(doc, str):
+                    return web.Response(text=doc, content_type="text/plain")
+                return _json_response(doc)
+            call = route(request.method, segs, request.query)
             decision = self.faults.decide(
                 call.verb, call.resource, call.name or "", call.rtype.group
             )
@@ -424,7 +396,11 @@ class FakeApiServer:
             if decision.error is not None and not decision.after_commit:
                 raise decision.error
             if call.verb == "watch":
-                return await self._watch(request, call)
+                return await serve_watch(
+                    request, call, self.store, self.faults,
+                    bookmark_interval=self.bookmark_interval, watch_timeout=self.watch_timeout,
+                    on_open=lambda: self._record(request, "watch", call, 200, None),
+                )  # fmt: skip
             if request.method in ("POST", "PUT", "PATCH"):
                 body = await self._read_body(request, call)
             elif request.method == "DELETE" and request.can_read_body:
@@ -453,7 +429,7 @@ class FakeApiServer:
             self._record(request, call.verb if call else "unknown", call, 500, body)
             return _error_response(st.internal(repr(e)))
 
-    async def _read_body(self, request: web.Request, call: _Call) -> Any:
+    async def _read_body(self, request: web.Request, call: Call) -> Any:
         raw = await request.read()
         ctype = request.content_type
         if request.method == "PATCH":
@@ -470,155 +446,12 @@ class FakeApiServer:
             raise st.unsupported_media_type(ctype)
         return json.loads(raw) if raw.strip() else None
 
-    # ------------------------------------------------------------------ discovery
-
-    def _discovery(self, segs: list[str]) -> web.Response | None:
-        if not segs:
-            paths = ["/api", "/api/v1", "/apis", "/healthz", "/livez", "/readyz", "/version"]
-            paths += [f"/apis/{g}" for g in res.group_versions()]
-            paths += [f"/apis/{g}/{v}" for g, vs in res.group_versions().items() for v in vs]
-            return _json_response({"paths": sorted(paths)})
-        if segs[0] in ("healthz", "livez", "readyz") and len(segs) == 1:
-            return web.Response(text="ok", content_type="text/plain")
-        if segs == ["version"]:
-            return _json_response(SERVER_VERSION)
-        if segs == ["api"]:
-            return _json_response(
-                {
-                    "kind": "APIVersions",
-                    "versions": ["v1"],
-                    "serverAddressByClientCIDRs": [
-                        {"clientCIDR": "0.0.0.0/0", "serverAddress": f"{self.host}:{self.port}"}
-                    ],
-                }
-            )
-        if segs == ["api", "v1"]:
-            return _json_response(self._resource_list("", "v1"))
-        if segs == ["apis"]:
-            return _json_response(
-                {
-                    "kind": "APIGroupList",
-                    "apiVersion": "v1",
-                    "groups": [self._group(g, vs) for g, vs in res.group_versions().items()],
-                }
-            )
-        if len(segs) == 2 and segs[0] == "apis":
-            vs = res.group_versions().get(segs[1])
-            if vs is None:
-                raise StatusNotFoundPath()
-            return _json_response(
-                {"kind": "APIGroup", "apiVersion": "v1", **self._group(segs[1], vs)}
-            )
-        if len(segs) == 3 and segs[0] == "apis":
-            if segs[2] not in res.group_versions().get(segs[1], []):
-                raise StatusNotFoundPath()
-            return _json_response(self._resource_list(segs[1], segs[2]))
-        return None
-
-    @staticmethod
-    def _group(group: str, versions: list[str]) -> dict[str, Any]:
-        gvs = [{"groupVersion": f"{group}/{v}", "version": v} for v in versions]
-        return {"name": group, "versions": gvs, "preferredVersion": gvs[0]}
-
-    @staticmethod
-    def _resource_list(group: str, version: str) -> dict[str, Any]:
-        out = []
-        for r in res.by_group_version(group, version).values():
-            entry: dict[str, Any] = {
-                "name": r.plural,
-                "singularName": r.singular,
-                "namespaced": r.namespaced,
-                "kind": r.kind,
-                "verbs": list(r.verbs),
-            }
-            if r.short_names:
-                entry["shortNames"] = list(r.short_names)
-            out.append(entry)
-            for sub in r.subresources:
-                out.append(
-                    {
-                        "name": f"{r.plural}/{sub}",
-                        "singularName": "",
-                        "namespaced": r.namespaced,
-                        "kind": "Binding" if sub == "binding" else r.kind,
-                        "verbs": ["create"] if sub == "binding" else ["get", "patch", "update"],
-                    }
-                )
-        gv = f"{group}/{version}" if group else version
-        return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": out}
-
-    # ------------------------------------------------------------------ routing
-
-    def _route(self, method: str, segs: list[str], query: Any) -> _Call:
-        if segs[:2] == ["api", "v1"]:
-            group, version, rest = "", "v1", segs[2:]
-        elif len(segs) >= 3 and segs[0] == "apis":
-            group, version, rest = segs[1], segs[2], segs[3:]
-        else:
-            raise StatusNotFoundPath()
-        table = res.by_group_version(group, version)
-        if not table or not rest:
-            raise StatusNotFoundPath()
-        legacy_watch = rest[0] == "watch"
-        if legacy_watch:
-            rest = rest[1:]
-        ns: str | None = None
-        if (
-            len(rest) >= 3
-            and rest[0] == "namespaces"
-            and rest[2] in table
-            and table[rest[2]].namespaced
-        ):
-            ns, rtype, tail = rest[1], table[rest[2]], rest[3:]
-        else:
-            if not rest or rest[0] not in table:
-                raise StatusNotFoundPath()
-            rtype, tail = table[rest[0]], rest[1:]
-            if rtype.namespaced and tail:
-                raise StatusNotFoundPath()
-        if len(tail) > 2:
-            raise StatusNotFoundPath()
-        name = tail[0] if tail else None
-        sub = tail[1] if len(tail) == 2 else None
-        if sub is not None and sub not in rtype.subresources:
-            raise StatusNotFoundPath()
-        watch = legacy_watch or _truthy(query.get("watch")) is True
-        if method == "GET":
-            if name is None:
-                verb = "watch" if watch else "list"
-            elif legacy_watch:
-                verb = "watch"
-            else:
-                verb = "get"
-            if sub == "binding":
-                raise st.method_not_allowed()
-        elif method == "POST":
-            if (name is None and (ns is not None or not rtype.namespaced)) or sub == "binding":
-                verb = "create"
-            else:
-                raise st.method_not_allowed()
-        elif method in ("PUT", "PATCH"):
-            if name is None or sub == "binding":
-                raise st.method_not_allowed()
-            verb = "update" if method == "PUT" else "patch"
-        elif method == "DELETE":
-            if sub is not None:
-                raise st.method_not_allowed()
-            verb = "delete" if name is not None else "deletecollection"
-        else:
-            raise st.method_not_allowed()
-        if verb not in rtype.verbs:
-            raise st.method_not_allowed()
-        if not rtype.namespaced:
-            ns = None
-        return _Call(verb, rtype, ns, name, sub)
-
     # ------------------------------------------------------------------ verbs
 
     async def _admit(
         self,
         request: web.Request,
-        call: _Call,
+        call: Call,
         body: Any,
         operation: str,
         hooks: list[ValidatingWebhook],
@@ -669,7 +502,7 @@ class FakeApiServer:
         return hook
 
     def _dispatch(
-        self, request: web.Request, call: _Call, body: Any, *, force_dry_run: bool = False
+        self, request: web.Request, call: Call, body: Any, *, force_dry_run: bool = False
     ) -> web.Response:
         q = request.query
         store = self.store
@@ -761,7 +594,7 @@ class FakeApiServer:
             )
         raise st.method_not_allowed()
 
-    def _patch(self, request: web.Request, call: _Call, patch: Any, dry_run: bool) -> web.Response:
+    def _patch(self, request: web.Request, call: Call, patch: Any, dry_run: bool) -> web.Response:
         ctype = request.content_type
         if ctype == APPLY_PATCH and not request.query.get("fieldManager"):
             raise st.bad_request(
@@ -797,120 +630,3 @@ class FakeApiServer:
             create_missing=ctype == APPLY_PATCH,
         )
         return _json_response(obj, 201 if created else 200)
-
-    # ------------------------------------------------------------------ watch
-
-    async def _watch(self, request: web.Request, call: _Call) -> web.StreamResponse:
-        q = request.query
-        rtype = call.rtype
-        labels = parse_label_selector(q.get("labelSelector"))
-        fields = parse_field_selector(q.get("fieldSelector"), rtype.supported_fields)
-        bookmarks = _truthy(q.get("allowWatchBookmarks")) is True
-        timeout: float | None = self.watch_timeout
-        if q.get("timeoutSeconds"):
-            try:
-                asked = float(q["timeoutSeconds"])
-            except ValueError:
-                raise st.bad_request(f"invalid timeoutSeconds {q['timeoutSeconds']!r}") from None
-            timeout = asked if timeout is None else min(asked, timeout)
-        loop = asyncio.get_running_loop()
-        resp = web.StreamResponse(status=200)
-        resp.content_type = JSON
-        resp.enable_chunked_encoding()
-        try:
-            watcher, backlog, initial_end = self.store.watch(
-                rtype,
-                call.namespace if rtype.namespaced else None,
-                labels,
-                fields,
-                loop,
-                resource_version=q.get("resourceVersion"),
-                send_initial_events=_truthy(q.get("sendInitialEvents")),
-            )
-        except st.StatusError as e:
-            if e.code != 410:
-                raise
-            # The real server opens the stream, then sends the 410 as an ERROR event.
-            self._record(request, "watch", call, 200, None)
-            await resp.prepare(request)
-            await resp.write(_dumps({"type": "ERROR", "object": e.body()}) + b"\n")
-            await resp.write_eof()
-            return resp
-        start_rv = self.store.resource_version
-        self._record(request, "watch", call, 200, None)
-        await resp.prepare(request)
-
-        async def send(kind: str, obj: Obj) -> None:
-            await resp.write(_dumps({"type": kind, "object": obj}) + b"\n")
-
-        def bookmark(rv: int, initial_events_end: bool = False) -> Obj:
-            m: dict[str, Any] = {"resourceVersion": str(rv)}
-            if initial_events_end:
-                m["annotations"] = {INITIAL_EVENTS_END: "true"}
-            return {"kind": rtype.kind, "apiVersion": rtype.api_version, "metadata": m}
-
-        abrupt = False
-        try:
-            for kind, obj in backlog:
-                await send(kind, obj)
-            if initial_end and bookmarks:
-                await send("BOOKMARK", bookmark(start_rv, True))
-            deadline = loop.time() + timeout if timeout is not None else None
-            next_bookmark = loop.time() + self.bookmark_interval
-            closing = False
-            while True:
-                now = loop.time()
-                waits = []
-                if deadline is not None and not closing:
-                    waits.append(deadline - now)
-                if bookmarks and not closing:
-                    waits.append(next_bookmark - now)
-                wait = max(0.0, min(waits)) if waits else None
-                try:
-                    kind, obj = await asyncio.wait_for(watcher.queue.get(), wait)
-                except TimeoutError:
-                    now = loop.time()
-                    if deadline is not None and now >= deadline:
-                        if not bookmarks:
-                            break
-                        closing = True  # send a last bookmark, then end the stream
-                        self._request_bookmark(watcher)
-                    elif bookmarks and now >= next_bookmark:
-                        next_bookmark = now + self.bookmark_interval
-                        self._request_bookmark(watcher)
-                    continue
-                if kind == CLOSE:
-                    abrupt = bool(obj)
-                    break
-                if kind == BOOKMARK:
-                    await send("BOOKMARK", bookmark(int(obj)))
-                    if closing:
-                        break
-                    continue
-                await send(kind, obj)
-                cut = self.faults.cut_after_event(call.resource)
-                if cut is not None:
-                    abrupt = cut == "abrupt"
-                    break
-        except (ConnectionResetError, asyncio.CancelledError):
-            self.store.unwatch(watcher)
-            raise
-        finally:
-            self.store.unwatch(watcher)
-        if abrupt:
-            if request.transport is not None:
-                request.transport.abort()
-            return resp
-        with contextlib.suppress(ConnectionResetError):
-            await resp.write_eof()
-        return resp
-
-    def _request_bookmark(self, watcher: Watcher) -> None:
-        # Queued behind every event already pushed to this watch, so a client that resumes
-        # from the bookmark's resourceVersion misses nothing.
-        self.store.push_progress(watcher, BOOKMARK)
-
-
-class StatusNotFoundPath(st.StatusError):
-    def __init__(self) -> None:
-        super().__init__(404, "NotFound", "the server could not find the requested resource")

@@ -121,6 +121,14 @@ class Change:
 CLOSE = "__CLOSE__"
 
 
+@dataclass(frozen=True)
+class OpenedWatch:
+    watcher: Watcher
+    backlog: list[tuple[str, Obj]]
+    resource_version: int
+    initial_events: bool
+
+
 class Watcher:
     """One open watch: a filter and a queue owned by the event loop that serves it."""
 
@@ -867,10 +875,10 @@ class Store:
         *,
         resource_version: str | None = None,
         send_initial_events: bool | None = None,
-    ) -> tuple[Watcher, list[tuple[str, Obj]], bool]:
-        """Open a watch: returns the watcher, the events it must send first, and whether those
-        are the initial state (then followed by a bookmark marking their end, if asked).
-        Raises 410 Expired for a resourceVersion older than the history window."""
+    ) -> OpenedWatch:
+        """Open a watch: the watcher, the events it must send first, the resourceVersion they
+        bring the client to, and whether they are the initial state asked for with
+        sendInitialEvents. Raises 410 Expired for a resourceVersion older than the history."""
         w = Watcher(rtype, namespace, labels, fields, loop)
         with self._lock:
             initial = send_initial_events or resource_version in (None, "", "0")
@@ -898,7 +906,7 @@ class Store:
                             if ev is not None:
                                 backlog.append(ev)
             self._watchers.add(w)
-        return w, backlog, bool(initial and send_initial_events)
+            return OpenedWatch(w, backlog, self._rv, bool(initial and send_initial_events))
 
     def push_progress(self, w: Watcher, marker: str) -> None:
         """Queue ``(marker, current resourceVersion)`` behind every event already pushed to
