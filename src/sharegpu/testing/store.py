@@ -45,8 +45,13 @@ from .resources import EVENT, EVENTS_V1, NAMESPACE, NODE, POD, STORAGE, Resource
 from .selectors import FieldSelector, LabelSelector
 from .validation import (
     default_pod_resources,
+    pod_spec_update_causes,
+    qos_class,
+    validate_event,
+    validate_event_v1_create,
     validate_metadata,
     validate_node_resources,
+    validate_pod_containers,
     validate_pod_resources,
 )
 
@@ -61,12 +66,6 @@ _CONTINUE_TOO_OLD = (
     "response to retrieve the remainder of the results. Continuing with the provided token "
     "results in an inconsistent list - objects that were created, modified, or deleted between "
     "the time the first chunk was returned and now may show up in the list."
-)
-_POD_UPDATE_FORBIDDEN = (
-    "Forbidden: pod updates may not change fields other than `spec.containers[*].image`,"
-    "`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only "
-    "additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be "
-    "set to 1 if it was previously negative)"
 )
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 
@@ -370,101 +369,21 @@ class Store:
             raise st.not_found("namespaces", namespace)
 
     @staticmethod
-    def _validate_pod(pod: Obj) -> None:
-        name = meta(pod).get("name", "")
-        spec = pod.get("spec")
-        containers = spec.get("containers") if isinstance(spec, dict) else None
-        if not isinstance(containers, list) or not containers:
-            raise st.invalid("Pod", name, [("spec.containers", "Required value")])
-        for i, c in enumerate(containers):
-            if not isinstance(c, dict) or not c.get("name"):
-                raise st.invalid("Pod", name, [(f"spec.containers[{i}].name", "Required value")])
-            if not c.get("image"):
-                raise st.invalid("Pod", name, [(f"spec.containers[{i}].image", "Required value")])
-
-    @staticmethod
     def _validate(rtype: ResourceType, obj: Obj, *, creating: bool) -> None:
-        """Label/annotation syntax and resource quantities (pods also get requests defaulted
-        from limits on create), as the real server validates every create and update."""
+        """The rules the real server checks on every create and update of these objects
+        (see :mod:`sharegpu.testing.validation`); pods get requests defaulted on create."""
         causes = validate_metadata(meta(obj))
         if rtype is POD:
             if creating:
+                causes += validate_pod_containers(obj)
                 default_pod_resources(obj)
             causes += validate_pod_resources(obj)
         elif rtype is NODE:
             causes += validate_node_resources(obj)
+        elif rtype is EVENT and creating:
+            causes += validate_event(obj)
         if causes:
             raise st.invalid(rtype.kind, meta(obj).get("name", ""), causes, rtype.group)
-
-    @staticmethod
-    def _validate_event_v1(event: Obj) -> None:
-        """The rules events.k8s.io/v1 adds for new events (series rules left out)."""
-        name = meta(event).get("name", "")
-        causes = [
-            (f, "Required value")
-            for f in ("eventTime", "reportingController", "reportingInstance", "action", "reason")
-            if not event.get(f)
-        ]
-        if event.get("type") not in ("Normal", "Warning"):
-            causes.append(("type", f"Invalid value: {event.get('type')!r}: has invalid value"))
-        for f in ("deprecatedFirstTimestamp", "deprecatedLastTimestamp", "deprecatedCount"):
-            if event.get(f):
-                causes.append((f, "Invalid value: needs to be unset"))
-        src = event.get("deprecatedSource") or {}
-        if src.get("component") or src.get("host"):
-            causes.append(("deprecatedSource", "Invalid value: needs to be unset"))
-        if causes:
-            raise st.invalid("Event", name, causes, "events.k8s.io")
-
-    @staticmethod
-    def _validate_event(event: Obj) -> None:
-        m = meta(event)
-        involved = event.get("involvedObject") or {}
-        ns = involved.get("namespace")
-        if ns and ns != m.get("namespace"):
-            raise st.invalid(
-                "Event",
-                m.get("name", ""),
-                [
-                    (
-                        "involvedObject.namespace",
-                        f'Invalid value: "{ns}": does not match event.namespace',
-                    )
-                ],
-            )
-
-    @staticmethod
-    def _pod_spec_frozen(spec: Any) -> Any:
-        s = clone(spec) if isinstance(spec, dict) else {}
-        for field in (
-            "activeDeadlineSeconds",
-            "tolerations",
-            "terminationGracePeriodSeconds",
-            "schedulingGates",
-        ):
-            s.pop(field, None)
-        for group in ("containers", "initContainers"):
-            for c in s.get(group) or []:
-                if isinstance(c, dict):
-                    c.pop("image", None)
-        return s
-
-    @staticmethod
-    def _qos_class(pod: Obj) -> str:
-        containers = (pod.get("spec") or {}).get("containers") or []
-        any_set = False
-        guaranteed = True
-        for c in containers:
-            res = c.get("resources") or {}
-            req, lim = res.get("requests") or {}, res.get("limits") or {}
-            if req or lim:
-                any_set = True
-            for r in ("cpu", "memory"):
-                if r not in lim or req.get(r, lim[r]) != lim[r]:
-                    guaranteed = False
-        if not any_set:
-            return "BestEffort"
-        return "Guaranteed" if guaranteed else "Burstable"
 
     # ------------------------------------------------------------------ create
 
@@ -474,11 +393,9 @@ class Store:
         if not isinstance(body, dict):
             raise st.bad_request("the request body must be a JSON object")
         self._check_kind(rtype, body)
-        if rtype is EVENTS_V1:
-            self._validate_event_v1(body)
+        if rtype is EVENTS_V1 and (causes := validate_event_v1_create(body)):
+            raise st.invalid("Event", meta(body).get("name", ""), causes, "events.k8s.io")
         obj = to_storage(rtype, clone(body))
-        if rtype is EVENT:
-            self._validate_event(obj)
         m = meta(obj)
         if rtype.namespaced:
             ns = namespace or m.get("namespace") or "default"
@@ -513,18 +430,17 @@ class Store:
             m["uid"] = self._uid()
             m["creationTimestamp"] = now_rfc3339(self.clock)
             m["generation"] = 1
+            self._validate(rtype, obj, creating=True)
             if rtype is POD:
-                self._validate_pod(obj)
                 spec = obj["spec"]
                 spec.setdefault("schedulerName", "default-scheduler")
                 spec.setdefault("restartPolicy", "Always")
                 spec.setdefault("terminationGracePeriodSeconds", 30)
                 spec.setdefault("dnsPolicy", "ClusterFirst")
                 spec.setdefault("priority", 0)
-                obj["status"] = {"phase": "Pending", "qosClass": self._qos_class(obj)}
+                obj["status"] = {"phase": "Pending", "qosClass": qos_class(obj)}
             elif rtype is NAMESPACE:
                 obj["status"] = {"phase": "Active"}
-            self._validate(rtype, obj, creating=True)
             if dry_run:
                 return view(rtype, obj)
             return self._commit(rtype, "ADDED", obj, None)
@@ -613,9 +529,9 @@ class Store:
         if (
             rtype is POD
             and subresource is None
-            and self._pod_spec_frozen(result.get("spec")) != self._pod_spec_frozen(cur.get("spec"))
+            and (causes := pod_spec_update_causes(cur.get("spec"), result.get("spec")))
         ):
-            raise st.invalid("Pod", name, [("spec", _POD_UPDATE_FORBIDDEN)])
+            raise st.invalid("Pod", name, causes)
         rm = meta(result)
         for k in (
             "uid",

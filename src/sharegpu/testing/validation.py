@@ -1,7 +1,8 @@
 """The object validation rules of the real API server that sharegpu's writes can run into:
 label and annotation syntax, resource quantities (extended resources such as
 ``aliyun.com/gpu-mem`` are whole numbers, and in pods their request must equal their limit),
-and the defaulting of container requests from limits.
+the defaulting of container requests from limits, the pod fields an update may change, the
+fields events.k8s.io/v1 requires.
 
 Each check returns ``(field, message)`` causes; the store turns them into 422 Invalid.
 """
@@ -11,6 +12,8 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 from typing import Any
+
+from .jsonobj import clone
 
 _NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 _PREFIX = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
@@ -164,4 +167,88 @@ def validate_node_resources(node: dict[str, Any]) -> Causes:
         if isinstance(table, dict):
             for name, value in table.items():
                 causes += _check_quantity(f"status.{kind}", name, value)
+    return causes
+
+
+_POD_UPDATE_FORBIDDEN = (
+    "Forbidden: pod updates may not change fields other than `spec.containers[*].image`,"
+    "`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only "
+    "additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be "
+    "set to 1 if it was previously negative)"
+)
+_POD_MUTABLE = ("activeDeadlineSeconds", "tolerations", "terminationGracePeriodSeconds",
+                "schedulingGates")  # fmt: skip
+
+
+def validate_pod_containers(pod: dict[str, Any]) -> Causes:
+    spec = pod.get("spec")
+    containers = spec.get("containers") if isinstance(spec, dict) else None
+    if not isinstance(containers, list) or not containers:
+        return [("spec.containers", "Required value")]
+    causes: Causes = []
+    for i, c in enumerate(containers):
+        if not isinstance(c, dict) or not c.get("name"):
+            causes.append((f"spec.containers[{i}].name", "Required value"))
+        elif not c.get("image"):
+            causes.append((f"spec.containers[{i}].image", "Required value"))
+    return causes
+
+
+def _frozen_pod_spec(spec: Any) -> Any:
+    s = clone(spec) if isinstance(spec, dict) else {}
+    for field in _POD_MUTABLE:
+        s.pop(field, None)
+    for group in ("containers", "initContainers"):
+        for c in s.get(group) or []:
+            if isinstance(c, dict):
+                c.pop("image", None)
+    return s
+
+
+def pod_spec_update_causes(old: Any, new: Any) -> Causes:
+    """A pod's spec may only change in a few fields (spec.nodeName only through binding)."""
+    if _frozen_pod_spec(old) != _frozen_pod_spec(new):
+        return [("spec", _POD_UPDATE_FORBIDDEN)]
+    return []
+
+
+def qos_class(pod: dict[str, Any]) -> str:
+    """BestEffort, Burstable or Guaranteed, from the containers' cpu and memory."""
+    any_set = False
+    guaranteed = True
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        res = c.get("resources") or {}
+        req, lim = res.get("requests") or {}, res.get("limits") or {}
+        if req or lim:
+            any_set = True
+        for r in ("cpu", "memory"):
+            if r not in lim or req.get(r, lim[r]) != lim[r]:
+                guaranteed = False
+    if not any_set:
+        return "BestEffort"
+    return "Guaranteed" if guaranteed else "Burstable"
+
+
+def validate_event(event: dict[str, Any]) -> Causes:
+    """core/v1: an event about a namespaced object lives in that object's namespace."""
+    ns = (event.get("involvedObject") or {}).get("namespace")
+    if ns and ns != (event.get("metadata") or {}).get("namespace"):
+        return [
+            ("involvedObject.namespace", f'Invalid value: "{ns}": does not match event.namespace')
+        ]
+    return []
+
+
+def validate_event_v1_create(event: dict[str, Any]) -> Causes:
+    """The rules events.k8s.io/v1 adds for new events (series rules left out)."""
+    required = ("eventTime", "reportingController", "reportingInstance", "action", "reason")
+    causes: Causes = [(f, "Required value") for f in required if not event.get(f)]
+    if event.get("type") not in ("Normal", "Warning"):
+        causes.append(("type", f"Invalid value: {event.get('type')!r}: has invalid value"))
+    for f in ("deprecatedFirstTimestamp", "deprecatedLastTimestamp", "deprecatedCount"):
+        if event.get(f):
+            causes.append((f, "Invalid value: needs to be unset"))
+    src = event.get("deprecatedSource") or {}
+    if src.get("component") or src.get("host"):
+        causes.append(("deprecatedSource", "Invalid value: needs to be unset"))
     return causes
