@@ -2,22 +2,23 @@
 
 It serves core/v1 pods (with ``pods/binding`` and ``pods/status``), nodes (with
 ``nodes/status``), namespaces, events and configmaps, coordination.k8s.io/v1 leases and
-events.k8s.io/v1 events, plus the discovery documents (``/api``, ``/apis``, ``/version``).
-Storage semantics (resourceVersion, conflicts, finalizers, history) live in
-:mod:`sharegpu.testing.store`; patch formats in :mod:`sharegpu.testing.patches`; selectors in
-:mod:`sharegpu.testing.selectors`; fault injection in :mod:`sharegpu.testing.faults`.
+events.k8s.io/v1 events (one storage with core/v1 events, as upstream), plus the discovery
+documents (``/api``, ``/apis``, ``/version``). The parts: :mod:`~sharegpu.testing.routing`
+(paths to API calls), :mod:`~sharegpu.testing.store` (resourceVersion, conflicts,
+finalizers, history, watches), :mod:`~sharegpu.testing.validation`,
+:mod:`~sharegpu.testing.patches`, :mod:`~sharegpu.testing.selectors`,
+:mod:`~sharegpu.testing.watchstream`, :mod:`~sharegpu.testing.faults`,
+:mod:`~sharegpu.testing.admission` (validating webhooks), :mod:`~sharegpu.testing.tls`.
 
-It is not a kube-apiserver: no authentication or authorization (any bearer token works), no
-admission, no OpenAPI schema validation beyond the few rules listed in ``store``, no
+It is not a kube-apiserver: no authorization, one optional bearer token for authentication,
+no mutating admission, no schema validation beyond the rules in ``validation``, no
 server-side apply field ownership (an apply patch merges like a strategic merge patch and
-creates missing objects). As upstream, core/v1 and events.k8s.io/v1 events share one storage,
-each API converting to its own form.
+creates missing objects), no controllers or garbage collection.
 
 Use it from sync tests (``with FakeApiServer() as api:`` runs it in a background thread with
 its own event loop) or from async tests (``async with FakeApiServer() as api:`` runs it in the
 running loop). ``api.kubeconfig_path`` is a kubeconfig for it.
 """
-
 from __future__ import annotations
 
 import asyncio
