@@ -582,6 +582,13 @@ def test_lease_create_update_and_conflict(fake_api):
     assert 'leases.coordination.k8s.io "sharegpu-extender"' in e.value.status.message
     stored = fake_api.get("leases", "sharegpu-extender", namespace="kube-system")
     assert stored["spec"]["holderIdentity"] == "b"
+    status, _, body = raw(
+        fake_api,
+        "POST",
+        "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases",
+        {"metadata": {"name": "bad"}, "spec": {"leaseDurationSeconds": 0}},
+    )
+    assert status == 422 and body["details"]["causes"][0]["field"] == "spec.leaseDurationSeconds"
 
 
 def test_core_and_events_v1_events(fake_api):

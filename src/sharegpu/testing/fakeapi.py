@@ -19,6 +19,7 @@ Use it from sync tests (``with FakeApiServer() as api:`` runs it in a background
 its own event loop) or from async tests (``async with FakeApiServer() as api:`` runs it in the
 running loop). ``api.kubeconfig_path`` is a kubeconfig for it.
 """
+
 from __future__ import annotations
 
 import asyncio

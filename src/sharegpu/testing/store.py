@@ -41,7 +41,7 @@ from typing import Any
 
 from . import status as st
 from .jsonobj import clone, same_content
-from .resources import EVENT, EVENTS_V1, NAMESPACE, NODE, POD, STORAGE, ResourceType
+from .resources import EVENT, EVENTS_V1, LEASE, NAMESPACE, NODE, POD, STORAGE, ResourceType
 from .selectors import FieldSelector, LabelSelector
 from .validation import (
     default_pod_resources,
@@ -49,6 +49,7 @@ from .validation import (
     qos_class,
     validate_event,
     validate_event_v1_create,
+    validate_lease,
     validate_metadata,
     validate_node_resources,
     validate_pod_containers,
@@ -382,6 +383,8 @@ class Store:
             causes += validate_node_resources(obj)
         elif rtype is EVENT and creating:
             causes += validate_event(obj)
+        elif rtype is LEASE:
+            causes += validate_lease(obj)
         if causes:
             raise st.invalid(rtype.kind, meta(obj).get("name", ""), causes, rtype.group)
 

@@ -252,3 +252,23 @@ def validate_event_v1_create(event: dict[str, Any]) -> Causes:
     if src.get("component") or src.get("host"):
         causes.append(("deprecatedSource", "Invalid value: needs to be unset"))
     return causes
+
+
+def validate_lease(lease: dict[str, Any]) -> Causes:
+    """coordination.k8s.io/v1: durations positive, transitions not negative."""
+    spec = lease.get("spec") or {}
+    causes: Causes = []
+    duration = spec.get("leaseDurationSeconds")
+    if duration is not None and (not isinstance(duration, int) or duration <= 0):
+        causes.append(
+            ("spec.leaseDurationSeconds", f"Invalid value: {duration!r}: must be greater than 0")
+        )
+    transitions = spec.get("leaseTransitions")
+    if transitions is not None and (not isinstance(transitions, int) or transitions < 0):
+        causes.append(
+            (
+                "spec.leaseTransitions",
+                f"Invalid value: {transitions!r}: must be greater than or equal to 0",
+            )
+        )
+    return causes
