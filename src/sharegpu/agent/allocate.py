@@ -62,6 +62,7 @@ class Candidate:
     whole: bool
     pod_total_mem: int
     assume_time: int
+    required: frozenset[str] = frozenset()  # resources the kubelet allocates for it
     cgpu_disable_env: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     @property
@@ -144,6 +145,7 @@ def pending_candidates(pods: Iterable[Mapping[str, Any]], node: str) -> list[Can
                     whole=req.kind in (Kind.EXCLUSIVE, Kind.TOPOLOGY),
                     pod_total_mem=total,
                     assume_time=assume_time(ann),
+                    required=_required(req.kind, bool(alloc.core.get(c))),
                     cgpu_disable_env=cspec,
                 )
             )
@@ -183,10 +185,10 @@ class Ledger:
     def record(self, c: Candidate, resource: str) -> None:
         self._given.setdefault(c.key, set()).add(resource)
 
-    def pod_done(self, candidates: Sequence[Candidate], pod_key: str, resource: str) -> bool:
-        """Whether every GPU container of the pod has had ``resource`` handed out."""
+    def pod_done(self, candidates: Sequence[Candidate], pod_key: str) -> bool:
+        """Whether every GPU container of the pod has had all its resources handed out."""
         mine = [c for c in candidates if c.pod_key == pod_key]
-        return bool(mine) and all(self.has(c, resource) for c in mine)
+        return bool(mine) and all(c.required <= self.resources(c) for c in mine)
 
 
 
@@ -283,13 +285,14 @@ class Allocator:
         except ValidationError as e:
             raise AllocationError(f"{resource}: {e}") from None
         done = False
+        grant: Grant | None = None
         with self._lock:
             c = self._match(candidates, resource, want)
             if c is not None:
+                # build the answer first: a decision that cannot be served is not handed out
+                grant = self._grant(c, resource, backend, node_labels)
                 self.ledger.record(c, resource)
-                done = _primary(resource) == resource and self.ledger.pod_done(
-                    candidates, c.pod_key, resource
-                )
+                done = self.ledger.pod_done(candidates, c.pod_key)
                 if done:
                     self.ledger.finish(c.pod_key, time.monotonic())
         if c is None:
@@ -303,7 +306,8 @@ class Allocator:
                 f"scheduler placed like this request ({shape}); was the pod scheduled by the "
                 "sharegpu extender, and are its annotations intact?"
             )
-        return self._grant(c, resource, backend, node_labels), done
+        assert grant is not None
+        return grant, done
 
     # --- responses ---
     def _uuids(self, gpus: Sequence[int]) -> tuple[str, ...]:
@@ -352,6 +356,13 @@ class Allocator:
         return Grant(c, gpus, uuids, ContainerEnv(envs, mounts), notes)
 
 
-def _primary(resource: str) -> str:
-    """The resource whose hand-out marks a pod assigned (memory for shared pods)."""
-    return names.RES_GPU_MEM if resource == names.RES_GPU_CORE else resource
+def _required(kind: Kind, has_core: bool) -> frozenset[str]:
+    """The resources the kubelet allocates for a container of this kind: all of them handed out
+    means the container is fully allocated."""
+    if kind is Kind.EXCLUSIVE:
+        return frozenset({names.RES_NVIDIA_GPU})
+    if kind is Kind.TOPOLOGY:
+        return frozenset({names.RES_TOPOLOGY_GPU})
+    if has_core:
+        return frozenset({names.RES_GPU_MEM, names.RES_GPU_CORE})
+    return frozenset({names.RES_GPU_MEM})
