@@ -8,8 +8,8 @@ import random
 
 import grpc
 import pytest
+from agent_helpers import NODE, harness, make_pod, short_dir  # noqa: F401
 from agent_kubelet import wait_until
-from conftest import NODE, make_pod
 
 from sharegpu import names
 from sharegpu.agent.allocate import ANN_GRANT

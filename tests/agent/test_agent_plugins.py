@@ -8,8 +8,8 @@ import json
 import os
 
 import pytest
+from agent_helpers import NODE, harness, short_dir  # noqa: F401
 from agent_kubelet import wait_until
-from conftest import NODE
 
 from sharegpu import names
 from sharegpu.modes import Mode, advertised_resources
@@ -143,7 +143,7 @@ async def test_node_labels_and_annotations(harness):
 
 
 async def test_topology_annotation_from_links(short_dir):
-    from conftest import Harness
+    from agent_helpers import Harness
 
     from sharegpu.agent.nvml import FakeNvml
 

@@ -1,3 +1,6 @@
+"""Helpers of the node-agent tests: pods as the scheduler leaves them, and a harness of
+agent + test kubelet + in-memory API."""
+
 from __future__ import annotations
 
 import shutil
@@ -14,14 +17,6 @@ from sharegpu.agent.service import Agent, AgentConfig
 from sharegpu.annotations import Allocation, encode
 
 NODE = "gpu-node-1"
-
-
-@pytest.fixture
-def short_dir():
-    """Unix socket paths must stay under ~100 characters: a short directory under /tmp."""
-    d = tempfile.mkdtemp(prefix="sg-")
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def make_pod(
@@ -108,6 +103,16 @@ class Harness:
 
     def counts(self) -> dict[str, int]:
         return {r: self.kubelet.count(r) for r in names.ALL_GPU_RESOURCES}
+
+
+# --- fixtures (imported by the test modules: tests/conftest.py belongs to the core suite) ---
+
+@pytest.fixture
+def short_dir():
+    """Unix socket paths must stay under ~100 characters: a short directory under /tmp."""
+    d = tempfile.mkdtemp(prefix="sg-")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture
