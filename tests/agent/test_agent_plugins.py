@@ -156,3 +156,23 @@ async def test_topology_annotation_from_links(short_dir):
         assert h.counts()[names.RES_TOPOLOGY_GPU] == 2
     finally:
         await h.close()
+
+
+async def test_metrics_endpoint(harness):
+    from sharegpu.agent.metrics import serve
+
+    h = await harness(mode="cgpu")
+    server = await serve(h.agent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        body = (await reader.read()).decode()
+        writer.close()
+    finally:
+        server.close()
+    assert body.startswith("HTTP/1.1 200")
+    assert f'sharegpu_agent_mode_info{{node="{NODE}",mode="cgpu"}} 1' in body
+    assert "sharegpu_agent_registrations_total 1" in body
+    assert body.count("sharegpu_agent_gpu_healthy{") == 2

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 
 from ..errors import ValidationError
 
@@ -88,6 +89,10 @@ def run(args: argparse.Namespace) -> int:
     )
 
     async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
         agent = Agent(config, nvml, kube)
         server = None
         if listen is not None:
@@ -95,8 +100,10 @@ def run(args: argparse.Namespace) -> int:
 
             server = await serve(agent, *listen)
         try:
-            await agent.run_forever()
+            await agent.start()
+            await stop.wait()
         finally:
+            await agent.stop()
             if server is not None:
                 server.close()
             nvml.close()
