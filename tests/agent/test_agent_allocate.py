@@ -95,10 +95,11 @@ def place_50(seed: int = 7) -> list[dict]:
     return pods
 
 
-async def test_50_pods_concurrently_zero_mismatches(harness):
+@pytest.mark.parametrize("seed", [7, 11, 23])
+async def test_50_pods_concurrently_zero_mismatches(harness, seed):
     h = await harness(gpus=[("Tesla-T4", 15)] * 4 + [("Tesla-V100-SXM2-32GB", 32)] * 4,
                       mode="cgpu")
-    pods = place_50()
+    pods = place_50(seed)
     kinds = {"multi-container": 0, "multi-gpu": 0}
     for p in pods:
         h.kube.add_pod(p)
