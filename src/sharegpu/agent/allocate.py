@@ -63,7 +63,7 @@ class Candidate:
     pod_total_mem: int
     assume_time: int
     required: frozenset[str] = frozenset()  # resources the kubelet allocates for it
-    cgpu_disable_env: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    container_spec: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -146,7 +146,7 @@ def pending_candidates(pods: Iterable[Mapping[str, Any]], node: str) -> list[Can
                     pod_total_mem=total,
                     assume_time=assume_time(ann),
                     required=_required(req.kind, bool(alloc.core.get(c))),
-                    cgpu_disable_env=cspec,
+                    container_spec=cspec,
                 )
             )
     return out
@@ -159,6 +159,7 @@ class Ledger:
 
     def __init__(self, done_memory_s: float = 600.0) -> None:
         self._given: dict[tuple[str, int], set[str]] = {}
+        self._since: dict[str, float] = {}  # pod -> when its first container was handed out
         self._done: dict[str, float] = {}
         self.done_memory_s = done_memory_s
 
@@ -168,6 +169,7 @@ class Ledger:
     def finish(self, pod_key: str, now: float) -> None:
         """The pod is fully handed out: forget its containers, remember the pod."""
         self._done[pod_key] = now
+        self._since.pop(pod_key, None)
         for k in [k for k in self._given if k[0] == pod_key]:
             del self._given[k]
         for k in [k for k, t in self._done.items() if now - t > self.done_memory_s]:
@@ -182,8 +184,18 @@ class Ledger:
     def pod_started(self, c: Candidate) -> bool:
         return any(k[0] == c.pod_key for k in self._given)
 
-    def record(self, c: Candidate, resource: str) -> None:
+    def record(self, c: Candidate, resource: str, now: float) -> None:
         self._given.setdefault(c.key, set()).add(resource)
+        self._since.setdefault(c.pod_key, now)
+
+    def prune(self, present: set[str], now: float) -> None:
+        """Forget partly handed-out pods that left the node long ago (deleted mid-start)."""
+        old = [p for p, t in self._since.items()
+               if p not in present and now - t > self.done_memory_s]
+        for p in old:
+            del self._since[p]
+            for k in [k for k in self._given if k[0] == p]:
+                del self._given[k]
 
     def pod_done(self, candidates: Sequence[Candidate], pod_key: str) -> bool:
         """Whether every GPU container of the pod has had all its resources handed out."""
@@ -287,14 +299,16 @@ class Allocator:
         done = False
         grant: Grant | None = None
         with self._lock:
+            now = time.monotonic()
+            self.ledger.prune({k.pod_key for k in candidates}, now)
             c = self._match(candidates, resource, want)
             if c is not None:
                 # build the answer first: a decision that cannot be served is not handed out
                 grant = self._grant(c, resource, backend, node_labels)
-                self.ledger.record(c, resource)
+                self.ledger.record(c, resource, now)
                 done = self.ledger.pod_done(candidates, c.pod_key)
                 if done:
-                    self.ledger.finish(c.pod_key, time.monotonic())
+                    self.ledger.finish(c.pod_key, now)
         if c is None:
             if resource in WHOLE_RESOURCES or resource == names.RES_GPU_COUNT:
                 gpus = tuple(sorted(want))
@@ -335,7 +349,7 @@ class Allocator:
         if resource == names.RES_GPU_CORE:
             # The memory side sets the full environment; compute only repeats its own limit.
             iso = isolation_env(
-                Backend.NONE if disabled(c.cgpu_disable_env, node_labels) else backend,
+                Backend.NONE if disabled(c.container_spec, node_labels) else backend,
                 mem=c.mem, core=c.core, pod_uid=c.uid, config=self.isolation,
             )
             keep = {"CUDA_DEVICE_SM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"}
@@ -349,7 +363,7 @@ class Allocator:
             envs[names.ENV_MEM_POD] = str(c.pod_total_mem)
             envs[names.ENV_MEM_CONTAINER] = str(sum(c.mem.values()))
             envs[names.ENV_MEM_DEV] = str(self.devices.gpus[gpus[0]].mem_gib)
-            b = Backend.NONE if disabled(c.cgpu_disable_env, node_labels) else backend
+            b = Backend.NONE if disabled(c.container_spec, node_labels) else backend
             iso = isolation_env(b, mem=c.mem, core=c.core, pod_uid=c.uid, config=self.isolation)
             envs.update(iso.envs)
             mounts = iso.mounts

@@ -51,6 +51,7 @@ def backend_for(choice: str, mode: Mode) -> Backend:
 class IsolationConfig:
     hami_library: str = "/usr/local/vgpu/libvgpu.so"  # host path, mounted at the same path
     hami_cache_dir: str = "/tmp/sharegpu-vgpu"  # host dir for HAMi-core's shared usage file
+    hami_lock_dir: str = "/tmp/vgpulock"  # host dir shared by every container on the node
     mps_pipe_dir: str = "/run/nvidia/mps"  # host dir of the MPS control daemon's pipes
     mps_container_pipe_dir: str = "/tmp/nvidia-mps"
 
@@ -97,6 +98,8 @@ def isolation_env(
         envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"/tmp/sharegpu-vgpu/{uid}.cache"
         mounts.append(Mount(config.hami_library, config.hami_library, True))
         mounts.append(Mount("/tmp/sharegpu-vgpu", f"{config.hami_cache_dir}/{uid}", False))
+        # HAMi-core serialises its per-GPU bookkeeping across containers with lock files here
+        mounts.append(Mount("/tmp/vgpulock", config.hami_lock_dir, False))
     elif backend is Backend.MPS:
         envs["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         envs["CUDA_MPS_PIPE_DIRECTORY"] = config.mps_container_pipe_dir

@@ -95,6 +95,8 @@ class Agent:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks = []
+        for t in list(self._background):
+            t.cancel()
         for p in self.plugins.values():
             await p.stop()
 
