@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
@@ -57,6 +58,8 @@ class MemoryKube:
         self.pods: dict[tuple[str, str], Obj] = {}
         self._watchers: dict[str, list[asyncio.Queue[Obj]]] = {}
         self.calls: list[tuple[str, Any]] = []
+        self.latency_s = 0.0  # added to every pod list, to stand in for an API round trip
+        self.lists = 0
 
     # --- test controls ---
     def add_node(self, name: str, labels: Mapping[str, str] | None = None) -> Obj:
@@ -100,10 +103,12 @@ class MemoryKube:
             self._notify(name)
 
     async def list_node_pods(self, node: str) -> list[Obj]:
-        return [
-            copy.deepcopy(p) for p in self.pods.values()
-            if (p.get("spec") or {}).get("nodeName") == node
-        ]
+        if self.latency_s:
+            await asyncio.sleep(self.latency_s)
+        self.lists += 1
+        return json.loads(json.dumps([
+            p for p in self.pods.values() if (p.get("spec") or {}).get("nodeName") == node
+        ]))
 
     async def patch_pod_annotations(self, namespace, name, annotations) -> None:  # type: ignore[no-untyped-def]
         self.calls.append(("patch_pod", (namespace, name, dict(annotations))))

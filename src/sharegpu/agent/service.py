@@ -64,6 +64,8 @@ class Agent:
         self.allocations = 0
         self.allocation_failures = 0
         self._background: set[asyncio.Task] = set()
+        self._next_list: asyncio.Future[list[dict]] | None = None
+        self._list_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task] = []
         self._stop = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -293,9 +295,29 @@ class Agent:
                     fut.result(timeout=5)
 
     # ------------------------------------------------------------------ allocation
+    async def _fresh_pods(self) -> list[dict]:
+        """The node's pods as listed *after* this call began. Concurrent callers share one list:
+        each joins the next list that has not started yet, so a burst of Allocate calls costs a
+        few API lists, not one each, and no caller sees a list older than its request."""
+        if self._next_list is None:
+            fut: asyncio.Future[list[dict]] = asyncio.get_running_loop().create_future()
+            self._next_list = fut
+            t = asyncio.get_running_loop().create_task(self._run_list(fut))
+            self._background.add(t)
+            t.add_done_callback(self._background.discard)
+        return await asyncio.shield(self._next_list)
+
+    async def _run_list(self, fut: asyncio.Future[list[dict]]) -> None:
+        async with self._list_lock:
+            if self._next_list is fut:
+                self._next_list = None  # later callers wait for a list that starts after them
+            try:
+                fut.set_result(await self.kube.list_node_pods(self.config.node_name))
+            except Exception as e:
+                fut.set_exception(e)
+
     async def _candidates(self):  # type: ignore[no-untyped-def]
-        pods = await self.kube.list_node_pods(self.config.node_name)
-        return pending_candidates(pods, self.config.node_name)
+        return pending_candidates(await self._fresh_pods(), self.config.node_name)
 
     async def preferred(
         self, resource: str, available: Sequence[str], must_include: Sequence[str], size: int
