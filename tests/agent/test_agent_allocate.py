@@ -308,3 +308,22 @@ async def test_topology_uses_the_scheduler_set(harness):
     r = await h.kubelet.allocate(names.RES_TOPOLOGY_GPU, all_ids[:2])
     assert r.envs[names.ENV_VISIBLE_DEVICES] == uuids(h, [1, 3])
     await wait_until(lambda: is_assigned(h.kube.pods[("default", "t")]["metadata"]["annotations"]))
+
+
+async def test_concurrent_calls_share_lists_but_never_read_an_older_one(harness):
+    h = await harness(gpus=MIXED, mode="cgpu")
+    h.kube.latency_s = 0.05
+    h.agent.config.allocate_retries = 0  # a stale list would fail the late pod outright
+    for i in range(8):
+        h.kube.add_pod(make_pod(f"q{i}", [{"mem": 1}], alloc={0: {2: 1}}, assume=i))
+    pool = free_pool(h)
+    before = h.kube.lists
+    first = [asyncio.ensure_future(h.kubelet.allocate(names.RES_GPU_MEM, take(pool, {2: 1})))
+             for _ in range(8)]
+    await asyncio.sleep(0.02)  # a list is now in flight; this pod is bound after it began
+    h.kube.add_pod(make_pod("late", [{"mem": 5}], alloc={0: {3: 5}}, assume=100))
+    late = await h.kubelet.allocate(names.RES_GPU_MEM, take(pool, {3: 5}))
+    done = await asyncio.gather(*first)
+    assert late.annotations[ANN_GRANT] == "default/late/c0"
+    assert sorted(r.annotations[ANN_GRANT] for r in done) == [f"default/q{i}/c0" for i in range(8)]
+    assert h.kube.lists - before <= 4  # 9 calls, a handful of lists
