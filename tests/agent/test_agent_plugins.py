@@ -176,3 +176,24 @@ async def test_metrics_endpoint(harness):
     assert f'sharegpu_agent_mode_info{{node="{NODE}",mode="cgpu"}} 1' in body
     assert "sharegpu_agent_registrations_total 1" in body
     assert body.count("sharegpu_agent_gpu_healthy{") == 2
+
+
+async def test_agent_waits_for_its_node_to_appear(short_dir):
+    from agent_helpers import Harness
+
+    from sharegpu.agent.service import Agent
+
+    h = Harness(short_dir, [("Tesla-T4", 15)], "cgpu")
+    node = h.kube.nodes.pop(NODE)
+    await h.kubelet.start()
+    agent = Agent(h.config(), h.nvml, h.kube)
+    started = asyncio.ensure_future(agent.start())
+    await asyncio.sleep(0.3)
+    assert not started.done()  # the API has no such node yet: it keeps asking
+    h.kube.nodes[NODE] = node
+    await asyncio.wait_for(started, 5)
+    h.agent = agent
+    try:
+        await wait_until(lambda: h.counts() == advertised_resources(Mode.CGPU, [15]))
+    finally:
+        await h.close()

@@ -140,6 +140,8 @@ def test_fake_gpu_spec():
     (["agent", "--node-name", "n", "--nvml", "fake", "--fake-gpus", "T4:zero"], "--fake-gpus"),
     (["agent", "--node-name", "n", "--nvml", "fake", "--metrics-listen", "nowhere"],
      "--metrics-listen"),
+    (["agent", "--node-name", "n", "--nvml", "fake", "--metrics-listen", "",
+      "--kubeconfig", "/nonexistent/kubeconfig"], "--kubeconfig"),
 ])
 def test_cli_bad_arguments_get_a_clear_error(args, field):
     r = subprocess.run([sys.executable, "-m", "sharegpu.cli", *args], capture_output=True,

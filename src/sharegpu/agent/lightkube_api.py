@@ -10,11 +10,19 @@ from .kube import Obj
 
 def make_client(kubeconfig: str | None = None):  # type: ignore[no-untyped-def]
     """An async client: ``kubeconfig`` if given, else in-cluster, else ``$KUBECONFIG``."""
-    from lightkube import AsyncClient, KubeConfig
+    from lightkube import AsyncClient, ConfigError, KubeConfig
 
-    if kubeconfig:
-        return AsyncClient(config=KubeConfig.from_file(kubeconfig), field_manager="sharegpu-agent")
-    return AsyncClient(config=KubeConfig.from_env(), field_manager="sharegpu-agent")
+    from ..errors import ValidationError
+
+    try:
+        config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
+    except (ConfigError, OSError, ValueError) as e:
+        raise ValidationError(
+            "--kubeconfig", kubeconfig or "",
+            f"no usable cluster configuration ({e}): give a kubeconfig file, run in-cluster, "
+            "or set KUBECONFIG",
+        ) from None
+    return AsyncClient(config=config, field_manager="sharegpu-agent")
 
 
 def _plain(obj: Any) -> Obj:

@@ -75,7 +75,7 @@ class Agent:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         os.makedirs(self.config.state_dir, exist_ok=True)
-        node = await self.kube.get_node(self.config.node_name)
+        node = await self._get_node()
         self.labels = dict((node.get("metadata") or {}).get("labels") or {})
         self.mode = self._initial_mode(node)
         await self._publish_node(explicit=self._label_mode() is not None)
@@ -88,6 +88,21 @@ class Agent:
         ]
         log.info("agent on %s: %d GPU(s) %s, mode %s", self.config.node_name, len(self.gpus),
                  [g.mem_gib for g in self.gpus], self.mode)
+
+    async def _get_node(self) -> dict:
+        """The node object, waiting for the API server (an agent that crashes while the API is
+        away would only restart into the same wait)."""
+        delay = 0.5
+        while True:
+            try:
+                return await self.kube.get_node(self.config.node_name)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.warning("reading node %s failed (%s); retrying in %.1fs",
+                            self.config.node_name, e, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
 
     async def stop(self) -> None:
         self._stop.set()
