@@ -234,15 +234,14 @@ class Allocator:
                 if sum(c.signature(resource).values()) == total
                 and len(c.signature(resource)) == len(want)
             ]
-        if not pool:
-            return None
+        return min(pool, key=self._rank) if pool else None
 
-        def rank(c: Candidate) -> tuple[int, int, tuple[int, str, str, int]]:
-            other_half = 0 if self.ledger.resources(c) else 1
-            same_pod = 0 if self.ledger.pod_started(c) else 1
-            return (other_half, same_pod, c.order())
-
-        return min(pool, key=rank)
+    def _rank(self, c: Candidate) -> tuple[int, int, tuple[int, str, str, int]]:
+        """Order among equal matches: the other half of a container already matched for another
+        resource, then the next container of a pod already partly handed out, then assume-time."""
+        other_half = 0 if self.ledger.resources(c) else 1
+        same_pod = 0 if self.ledger.pod_started(c) else 1
+        return (other_half, same_pod, c.order())
 
     def preferred(
         self,
@@ -263,13 +262,7 @@ class Allocator:
                 and sum(c.signature(resource).values()) == size
                 and (c.whole == (resource in WHOLE_RESOURCES) or resource == names.RES_GPU_COUNT)
             ]
-            pool.sort(
-                key=lambda c: (
-                    0 if self.ledger.resources(c) else 1,
-                    0 if self.ledger.pod_started(c) else 1,
-                    c.order(),
-                )
-            )
+            pool.sort(key=self._rank)
         for c in pool:
             try:
                 picked = self.devices.pick(available, must_include, c.signature(resource))
