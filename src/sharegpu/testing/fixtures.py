@@ -1,0 +1,39 @@
+"""Pytest fixtures for the fake Kubernetes API server.
+
+Use from a test suite's ``conftest.py``::
+
+    from sharegpu.testing.fixtures import fake_api, fake_api_factory  # noqa: F401
+
+``fake_api`` is a started :class:`~sharegpu.testing.fakeapi.FakeApiServer` (background thread,
+so sync and async tests alike can use it); ``fake_api_factory(**options)`` starts more, or
+with options (``history_size``, ``seed``, ``bookmark_interval``, ``watch_timeout``,
+``graceful_pod_deletion``, ``strict_namespaces``). All are stopped at the end of the test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from .fakeapi import FakeApiServer
+
+
+@pytest.fixture
+def fake_api_factory() -> Iterator[Callable[..., FakeApiServer]]:
+    started: list[FakeApiServer] = []
+
+    def make(**options: Any) -> FakeApiServer:
+        server = FakeApiServer(**options).start()
+        started.append(server)
+        return server
+
+    yield make
+    for server in reversed(started):
+        server.stop()
+
+
+@pytest.fixture
+def fake_api(fake_api_factory: Callable[..., FakeApiServer]) -> FakeApiServer:
+    return fake_api_factory()
