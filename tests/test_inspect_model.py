@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-import cgpu_cluster as cc
 import pytest
 
+import cgpu_cluster as cc
 from sharegpu import names
 from sharegpu.errors import ValidationError
 from sharegpu.inspect_cgpu import render
