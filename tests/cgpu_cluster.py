@@ -146,8 +146,17 @@ def core_mem() -> dict[str, Any]:
     return dump([a, b], [*pods, waiting])
 
 
+def quickstart() -> dict[str, Any]:
+    """docs/quickstart.md: a core_mem node with 4 GPUs x 15 GiB running seed 001's cuda-sample
+    job (2 GiB, 30 %)."""
+    n = node("gpu-node-1", "10.0.0.21", [15, 15, 15, 15], mode="core_mem", placement="binpack")
+    p = pod("cuda-sample-m5x2q", 2, 30)
+    p["metadata"]["labels"] = {"app": "cuda-sample", "batch.kubernetes.io/job-name": "cuda-sample"}
+    return dump([n], schedule([n], [p]))
+
+
 DUMPS = {"binpack": binpack, "spread": spread, "seed002": seed002, "seed003": seed003,
-         "details": details, "core_mem": core_mem}
+         "details": details, "core_mem": core_mem, "quickstart": quickstart}
 
 
 if __name__ == "__main__":

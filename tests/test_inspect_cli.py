@@ -245,14 +245,15 @@ def test_pip_install_then_kubectl_inspect_cgpu(tmp_path):
     subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels),
                     str(src)], check=True, timeout=300, capture_output=True)
     (wheel,) = wheels.glob("sharegpu-*.whl")
-    prefix = tmp_path / "prefix"
-    subprocess.run([*pip, "install", "--no-deps", "--prefix", str(prefix), str(wheel)],
+    # --target: pip leaves this environment's own sharegpu alone (--prefix would uninstall it)
+    target = tmp_path / "target"
+    subprocess.run([*pip, "install", "--no-deps", "--target", str(target), str(wheel)],
                    check=True, timeout=300, capture_output=True)
-    script = prefix / "bin" / "kubectl-inspect-cgpu"
+    script = target / "bin" / "kubectl-inspect-cgpu"
     assert script.is_file()
-    (site,) = prefix.glob("lib/python*/site-packages")
+    site = target
     # the installed copy, not this checkout, must be what runs
-    env = plugin_env(prefix / "bin", PYTHONPATH=str(site), PYTHONSAFEPATH="1")
+    env = plugin_env(target / "bin", PYTHONPATH=str(site), PYTHONSAFEPATH="1")
     r = subprocess.run([kubectl(), "inspect", "cgpu", "--file", str(DATA / "seed003.json")],
                        capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path)
     assert (r.returncode, r.stdout, r.stderr) == (0, SEED003_ALIGNED, "")
