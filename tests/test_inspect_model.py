@@ -136,9 +136,13 @@ def test_bad_objects_are_reported_and_the_rest_still_shown():
     broken["metadata"]["annotations"][names.ANN_ALLOCATION] = "{not json"
     off = placed("off", "good", {"0": {"5": 3}})  # GPU index the node does not have
     ok = placed("ok", "good", {"0": {"0": 4}})
-    view = build([good, bad], [broken, off, ok])
+    uncounted = cc.node("uncounted", "10.0.0.3", [15], annotate=False)
+    del uncounted["status"]["allocatable"][names.RES_GPU_COUNT]
+    del uncounted["metadata"]["labels"][names.LABEL_CARD_COUNT]
+    view = build([good, bad, uncounted], [broken, off, ok])
     assert [n.name for n in view.nodes] == ["good"]
     text = "\n".join(view.warnings)
+    assert "node uncounted left out" in text and names.RES_GPU_COUNT in text
     assert "node bad left out" in text and names.ANN_NODE_GPU_MEM in text
     assert "default/broken" in text and names.ANN_ALLOCATION in text
     assert "default/off" in text and "GPU index [5]" in text

@@ -182,6 +182,10 @@ def build(
             warnings.append(f"node {name} left out: {e}")
             continue
         if spec is None:
+            warnings.append(
+                f"node {name} left out: it advertises {names.RES_GPU_MEM}={total} but neither "
+                f"{names.ANN_NODE_GPU_MEM} nor {names.RES_GPU_COUNT} tells how many GPUs it has"
+            )
             continue
         n = len(spec.gpu_mem)
         acc[spec.name] = _NodeAcc(
