@@ -585,3 +585,16 @@ def test_dockerfile_builds_one_image_for_every_component():
     assert subcommands == {"extender", "agent", "webhook"}
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert ".venv" in ignored and ".git" in ignored and "src" not in ignored
+
+
+@pytest.mark.parametrize("kube", ["1.25.0", "1.28.0", "1.33.0"])
+def test_default_render_is_valid_across_supported_kubernetes_versions(kube):
+    docs = render(None, kube)
+    for d in docs:
+        kubernetes_validate.validate(d, kube, strict=True)
+    image = container(one(docs, "Deployment", "scheduler"))["image"]
+    assert image == f"registry.k8s.io/kube-scheduler:v{kube}"
+    (hook,) = one(docs, "ValidatingWebhookConfiguration")["webhooks"]
+    assert ("matchConditions" in hook) == (kube != "1.25.0")
+    r = run_helm("template", "x", str(CHART), "--kube-version", "1.24.9")
+    assert r.returncode != 0 and "kubeVersion" in r.stderr + r.stdout
