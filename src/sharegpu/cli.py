@@ -21,19 +21,19 @@ def parse_seeds(text: str) -> list[int]:
     """``42..51`` (inclusive), ``42,43,47`` or ``42``."""
     rule = "must be N, N..M (inclusive) or a comma-separated list of whole numbers"
     out: list[int] = []
-    try:
-        for part in text.split(","):
-            part = part.strip()
+    for part in text.split(","):
+        part = part.strip()
+        try:
             if ".." in part:
                 a, b = part.split("..", 1)
                 lo, hi = int(a), int(b)
-                if hi < lo:
-                    raise ValidationError("--seeds", text, "a range N..M needs M >= N")
-                out.extend(range(lo, hi + 1))
             else:
-                out.append(int(part))
-    except ValueError:
-        raise ValidationError("--seeds", text, rule) from None
+                lo = hi = int(part)
+        except ValueError:
+            raise ValidationError("--seeds", text, rule) from None
+        if hi < lo:
+            raise ValidationError("--seeds", text, "a range N..M needs M >= N")
+        out.extend(range(lo, hi + 1))
     if not out:
         raise ValidationError("--seeds", text, rule)
     return out

@@ -35,6 +35,10 @@ _KIND_MODES: dict[Kind, frozenset[Mode]] = {
     Kind.EXCLUSIVE: frozenset({Mode.EXCLUSIVE}),
     Kind.TOPOLOGY: frozenset({Mode.TOPOLOGY}),
 }
+# kind -> boolean table indexed by mode code
+_MODE_TABLES = {
+    k: np.array([m in modes for m in Mode], dtype=bool) for k, modes in _KIND_MODES.items()
+}
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,8 @@ class ClusterState:
         self.pods_mem_only = grow1(g("pods_mem_only"), np.int32)
         self.pods_mem_core = grow1(g("pods_mem_core"), np.int32)
         self.version = grow1(g("version"), np.int64)
+        self.free_sum = grow1(g("free_sum"), np.int64)  # per node: sum of gpu_free
+        self.total_sum = grow1(g("total_sum"), np.int64)  # per node: sum of gpu_total
         self.rank = grow1(g("rank"), np.int64)
         self.gpu_total = grow2(g("gpu_total"), np.int64)
         self.gpu_free = grow2(g("gpu_free"), np.int64)
@@ -176,29 +182,31 @@ class ClusterState:
         self.gpu_pods[i, :] = 0
         self.gpu_exists[i, :] = False
         self.gpu_exists[i, :g] = True
+        self.total_sum[i] = int(self.gpu_total[i].sum())
+        self.free_sum[i] = self.total_sum[i]
         self.version[i] += 1
 
     def update_node(self, spec: NodeSpec) -> int:
+        """Replace a known node's spec. Its pods stay (they hold the GPUs whatever the labels now
+        say); an update that drops a GPU a pod holds is refused and changes nothing."""
         i = self.index[spec.name]
-        old = self.specs[i]
+        g = len(spec.gpu_mem)
         keys = sorted(self._node_pods[i])
-        held = [self.pods[k] for k in keys]
         for k in keys:
-            self._apply(self.pods[k], -1)
+            gone = [x for x in self.pods[k].alloc.per_gpu_mem() if x >= g]
+            if gone:
+                raise PlacementError(
+                    f"node {spec.name}: update drops GPU {gone[0]} that {k} holds"
+                )
+        if g > self._width:
+            self._alloc(self._cap, g)
+        held = [self.pods[k] for k in keys]
+        for r in held:
+            self._apply(r, -1)
         self._write_node(i, spec)
         self.specs[i] = spec
-        try:
-            for r in held:
-                self._check(r.request, i, r.alloc)
-                self._apply(r, +1)
-        except PlacementError:
-            # restore the old spec and every pod: a node update never loses state
-            assert old is not None
-            self._write_node(i, old)
-            self.specs[i] = old
-            for r in held:
-                self._apply(r, +1)
-            raise
+        for r in held:
+            self._apply(r, +1)
         return i
 
     def remove_node(self, name: str) -> list[str]:
@@ -212,6 +220,7 @@ class ClusterState:
         self.gpu_free[i, :] = 0
         self.gpu_total[i, :] = 0
         self.core_free[i, :] = 0
+        self.free_sum[i] = self.total_sum[i] = 0
         self.specs[i] = None
         self.version[i] += 1
         return keys
@@ -243,25 +252,27 @@ class ClusterState:
             ok &= self.core_free[sl] >= c.gpu_core
         return ok
 
-    def node_mask(self, req: PodRequest) -> np.ndarray:
+    def node_mask(self, req: PodRequest, rows: slice | np.ndarray | None = None) -> np.ndarray:
         """Nodes whose mode, model and host resources admit the pod (GPUs not yet checked)."""
-        n = self.n
-        ok = self.active[:n].copy()
+        sl = slice(0, self.n) if rows is None else rows
+        ok = self.active[sl].copy()
         if req.cpu_milli:
-            ok &= self.cpu_free[:n] >= req.cpu_milli
+            ok &= self.cpu_free[sl] >= req.cpu_milli
         if req.mem_mib:
-            ok &= self.mem_free[:n] >= req.mem_mib
+            ok &= self.mem_free[sl] >= req.mem_mib
         modes = _KIND_MODES[req.kind]
         if len(modes) < len(Mode):
-            codes = np.array([_MODE_CODES[m] for m in modes], dtype=np.int8)
-            ok &= np.isin(self.mode[:n], codes)
+            ok &= _MODE_TABLES[req.kind][self.mode[sl]]
         if req.models is not None:
-            ids = [self.models[m] for m in req.models if m in self.models]
-            ok &= np.isin(self.model[:n], np.array(ids, dtype=np.int32))
+            table = np.zeros(len(self.models) + 1, dtype=bool)
+            for m in req.models:
+                if m in self.models:
+                    table[self.models[m]] = True
+            ok &= table[self.model[sl]]
         if req.kind is Kind.SHARED:
-            ok &= self.pods_mem_core[:n] == 0
+            ok &= self.pods_mem_core[sl] == 0
         elif req.kind is Kind.SHARED_CORE:
-            ok &= self.pods_mem_only[:n] == 0
+            ok &= self.pods_mem_only[sl] == 0
         return ok
 
     def feasible(self, req: PodRequest) -> np.ndarray:
@@ -272,6 +283,8 @@ class ClusterState:
         if len(req.containers) == 1:
             c = req.containers[0]
             fits = self.gpu_fits(c)
+            if c.gpus == 1:
+                return ok & fits.any(axis=1)
             return ok & (fits.sum(axis=1) >= c.gpus)
         # several containers: necessary per-container condition, then an exact check
         for c in req.containers:
@@ -342,7 +355,8 @@ class ClusterState:
     def feasible_one(self, req: PodRequest, node: int) -> bool:
         from .placement.gpus import assign
 
-        return bool(self.node_mask(req)[node]) and assign(self, req, node, "bestfit") is not None
+        row = slice(node, node + 1)
+        return bool(self.node_mask(req, row)[0]) and assign(self, req, node, "bestfit") is not None
 
     # -- changes ------------------------------------------------------------------------------
     def _check(self, req: PodRequest, i: int, alloc: Allocation) -> None:
@@ -350,7 +364,7 @@ class ClusterState:
         spec = self.specs[i]
         if spec is None or not self.active[i]:
             raise PlacementError(f"{req.key}: node slot {i} is not active")
-        if not bool(self.node_mask(req)[i]):
+        if not bool(self.node_mask(req, slice(i, i + 1))[0]):
             reason = self.explain(req, i) or "node does not admit the pod"
             raise PlacementError(f"{req.key} on {spec.name}: {reason}")
         g = int(self.gpu_count[i])
@@ -404,6 +418,7 @@ class ClusterState:
             pods.update(per)
         for gpu, v in r.alloc.per_gpu_mem().items():
             self.gpu_free[i, gpu] -= sign * v
+            self.free_sum[i] -= sign * v
         for gpu, v in r.alloc.per_gpu_core().items():
             self.core_free[i, gpu] -= sign * v
         for gpu in pods:

@@ -16,6 +16,8 @@ EXACT_LIMIT = 20_000
 
 
 def link_weight(kind: str) -> int:
+    if not isinstance(kind, str):
+        raise ValueError(f"unknown GPU link kind {kind!r}")
     kind = kind.strip().upper()
     if kind.startswith("NV") and kind[2:].isdigit():
         return NVLINK_BASE * int(kind[2:])
@@ -26,8 +28,10 @@ def link_weight(kind: str) -> int:
 
 def matrix_from_kinds(rows: Sequence[Sequence[str]]) -> np.ndarray:
     """A weight matrix from link kinds as ``nvidia-smi topo -m`` names them."""
+    if not isinstance(rows, list | tuple) or not all(isinstance(r, list | tuple) for r in rows):
+        raise ValueError("a link matrix must be a list of rows")
     m = np.array([[link_weight(k) for k in row] for row in rows], dtype=np.int64)
-    if m.shape[0] != m.shape[1]:
+    if m.ndim != 2 or m.shape[0] != m.shape[1]:
         raise ValueError("a link matrix must be square")
     return m
 

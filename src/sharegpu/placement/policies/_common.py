@@ -15,7 +15,7 @@ def spec_max(state: ClusterState) -> tuple[float, float]:
     act = state.active[:n]
     cpu = state.cpu_cap[:n][act]
     cpu = cpu[cpu < UNBOUNDED]
-    gpu = state.gpu_total[:n][act].sum(axis=1)
+    gpu = state.total_sum[:n][act]
     return float(cpu.max(initial=0)), float(gpu.max(initial=0))
 
 
@@ -27,4 +27,4 @@ def left(state: ClusterState, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray
     """Free CPU (0 where untracked) and free GPU total of each node."""
     cpu = state.cpu_free[nodes]
     cpu = np.where(state.cpu_cap[nodes] >= UNBOUNDED, 0, cpu).astype(np.float64)
-    return cpu, state.gpu_free[nodes].sum(axis=1).astype(np.float64)
+    return cpu, state.free_sum[nodes].astype(np.float64)

@@ -10,9 +10,8 @@ from ..base import Policy, register
 
 
 def gpu_used_fraction(state: ClusterState, nodes: np.ndarray) -> np.ndarray:
-    total = state.gpu_total[nodes].sum(axis=1)
-    used = total - state.gpu_free[nodes].sum(axis=1)
-    return used / np.maximum(total, 1)
+    total = state.total_sum[nodes]
+    return (total - state.free_sum[nodes]) / np.maximum(total, 1)
 
 
 @register

@@ -54,7 +54,7 @@ class GpuClustering(Policy):
         whole = c.whole or c.gpus > 1
         _, max_gpu = spec_max(state)
         mg = int(max(max_gpu, 1))
-        base = 25 * (mg - state.gpu_free[nodes].sum(axis=1)) // mg
+        base = 25 * (mg - state.free_sum[nodes]) // mg
         share_col = self._col(state, "share-gpu")
         k_col = self._col(state, f"{c.gpus}-gpu")
         counts = self.counts[nodes]

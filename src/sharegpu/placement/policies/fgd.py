@@ -21,7 +21,7 @@ from ..fragmentation import TargetWorkload, fragmentation
 from ..gpus import assign, node_strategy
 from ..nodecache import ShapeCache
 
-SCALE = 1000.0  # F deltas are divided by this (milli-GPU in the paper) before the sigmoid
+PAPER_SCALE = 1000.0  # the paper divides F deltas (milli-GPU) by 1000: one GPU
 
 
 def unique_rows(free: np.ndarray, cpu: np.ndarray, model: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -60,9 +60,17 @@ class FragmentationModel:
         return self.rows(state.gpu_free[nodes], state.cpu_free[nodes], state.model[nodes])
 
 
-def sigmoid_score(delta: np.ndarray) -> np.ndarray:
+def sigmoid_score(delta: np.ndarray, scale: float = PAPER_SCALE) -> np.ndarray:
+    """``floor(100 · sigmoid(delta / scale))``; ``scale`` is one GPU in the state's units."""
     with np.errstate(over="ignore"):
-        return np.floor(100.0 / (1.0 + np.exp(-delta / SCALE)))
+        return np.floor(100.0 / (1.0 + np.exp(-delta / scale)))
+
+
+def gpu_scale(state: ClusterState) -> float:
+    """One GPU in the state's memory units (1000 in the simulator, GiB of the largest GPU in a
+    cluster), so scores mean the same whatever the units."""
+    n = state.n
+    return float(state.gpu_total[:n].max(initial=0)) or PAPER_SCALE
 
 
 def shape_key(req: PodRequest) -> tuple[int, ...] | None:
@@ -82,6 +90,7 @@ class FGD(Policy):
     def __init__(self, **options: object) -> None:
         super().__init__(**options)
         self.model: FragmentationModel | None = None
+        self.scale = PAPER_SCALE
         self.cache = ShapeCache({"score": np.float64, "gpu": np.int64})
         self._before = ShapeCache({"f": np.float64}, columns=1)
 
@@ -89,6 +98,7 @@ class FGD(Policy):
         if not isinstance(workload, TargetWorkload):
             raise ValueError("fgd needs a target workload (a TargetWorkload)")
         self.model = FragmentationModel(state, workload)
+        self.scale = gpu_scale(state)
         self.cache = ShapeCache({"score": np.float64, "gpu": np.int64})
         self._before = ShapeCache({"f": np.float64}, columns=1)
 
@@ -125,7 +135,7 @@ class FGD(Policy):
         gpu_out = np.full(len(nodes), -1, dtype=np.int64)
         if not req.containers:
             after = self.model.rows(free, cpu, model)
-            return sigmoid_score(before - after), gpu_out
+            return sigmoid_score(before - after, self.scale), gpu_out
         c = req.containers[0]
         if c.gpus > 1:
             # the tightest GPUs that fit, lowest index first among equals (as best fit takes)
@@ -135,7 +145,7 @@ class FGD(Policy):
             np.put_along_axis(take, rank[:, : c.gpus], True, axis=1)
             rows = free - (take & fits) * c.gpu_mem
             after = self.model.rows(rows, cpu, model)
-            return sigmoid_score(before - after), gpu_out
+            return sigmoid_score(before - after, self.scale), gpu_out
         fits = state.gpu_fits(c, nodes)
         w = free.shape[1]
         # the first GPU of each distinct free amount stands for all GPUs with that amount
@@ -146,7 +156,7 @@ class FGD(Policy):
         rows = free[ri].copy()
         rows[np.arange(len(ri)), gj] -= c.gpu_mem
         after = self.model.rows(rows, cpu[ri], model[ri])
-        s = sigmoid_score(before[ri] - after)
+        s = sigmoid_score(before[ri] - after, self.scale)
         # per node: the highest score, lowest GPU index among equals
         order = np.lexsort((gj, -s, ri))
         ri, gj, s = ri[order], gj[order], s[order]
@@ -170,7 +180,7 @@ class FGD(Policy):
                     rows[r, gpu] -= v
         cpu = state.cpu_free[nodes] - req.cpu_milli
         after = self.model.rows(rows, cpu, state.model[nodes])
-        return sigmoid_score(before - after)
+        return sigmoid_score(before - after, self.scale)
 
     def select(self, state: ClusterState, req: PodRequest, node: int) -> Allocation | None:
         strategy = node_strategy(state, node, "fgd")
