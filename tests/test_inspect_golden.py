@@ -26,7 +26,7 @@ cn-shanghai.192.0.2.109 192.0.2.109 15/15 9/15 0/15 0/15 24/60
 --------------------------------------------------------------------------------------
 Allocated/Total GPU Memory In Cluster:
 24/60 (40%)
-"""  # noqa: E501
+"""
 # seed 000, "spread"
 SEED000_SPREAD = """\
 NAME IPADDRESS GPU0(Allocated/Total) GPU1(Allocated/Total) GPU2(Allocated/Total) GPU3(Allocated/Total) GPU Memory(GiB)
@@ -34,7 +34,7 @@ cn-shanghai.192.0.2.109 192.0.2.109 4/15 4/15 0/15 4/15 12/60
 --------------------------------------------------------------------------------------
 Allocated/Total GPU Memory In Cluster:
 12/60 (20%)
-"""  # noqa: E501
+"""
 # seed 002, aligned as printed there
 SEED002 = """\
 NAME                       IPADDRESS      GPU0(Allocated/Total)  GPU Memory(GiB)
@@ -59,14 +59,14 @@ cn-shanghai.192.0.2.109  192.0.2.109  15/15                  9/15               
 --------------------------------------------------------------------------------------
 Allocated/Total GPU Memory In Cluster:
 24/60 (40%)
-"""  # noqa: E501
+"""
 SPREAD = """\
 NAME                     IPADDRESS    GPU0(Allocated/Total)  GPU1(Allocated/Total)  GPU2(Allocated/Total)  GPU3(Allocated/Total)  GPU Memory(GiB)
 cn-shanghai.192.0.2.109  192.0.2.109  4/15                   4/15                   0/15                   4/15                   12/60
 -------------------------------------------------------------------------------------
 Allocated/Total GPU Memory In Cluster:
 12/60 (20%)
-"""  # noqa: E501
+"""
 SEED003_ALIGNED = """\
 NAME                           IPADDRESS       GPU0(Allocated/Total)  GPU Memory(GiB)
 cn-zhangjiakou.192.168.66.139  192.168.66.139  3/15                   3/15
@@ -99,7 +99,7 @@ Allocated/Total GPU Memory In Cluster:
 12/90 (13%)
 Allocated/Total GPU Core In Cluster:
 90/400 (22%)
-"""  # noqa: E501
+"""
 
 
 def collapse(text: str) -> str:
