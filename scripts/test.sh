@@ -9,6 +9,5 @@ PY=${PYTHON:-python3}
 # helm and kubectl for the chart and plugin tests (into .tools/, once)
 bash scripts/install-tools.sh
 export PATH="$PWD/.tools/bin:$PATH"
-# shellcheck disable=SC2046
-.venv/bin/ruff check $(ls -d src tests bench 2>/dev/null)
+.venv/bin/ruff check src tests bench
 .venv/bin/python -m pytest "$@"
