@@ -286,8 +286,13 @@ def test_scheduler_profile_calls_the_extender_service():
     assert ext["urlPrefix"] == f"http://{svc['metadata']['name']}.{NS}.svc:{port}"
     assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]) == (
         "filter", "prioritize", "bind")
-    assert {r["name"] for r in ext["managedResources"]} >= {
-        "aliyun.com/gpu-mem", "aliyun.com/gpu-core.percentage"}
+    assert {r["name"] for r in ext["managedResources"]} == {
+        "aliyun.com/gpu-mem", "aliyun.com/gpu-core.percentage", "aliyun.com/gpu",
+        "nvidia.com/gpu"}
+    # the extender watches nodes itself (node names only), fails closed, and its score must
+    # outweigh kube-scheduler's own scores so placement follows the sharegpu policy
+    assert ext["nodeCacheCapable"] is True and ext["ignorable"] is False
+    assert ext["weight"] >= 100_000
     dep = one(docs, "Deployment", "scheduler")
     c = container(dep)
     assert c["image"] == "registry.k8s.io/kube-scheduler:v1.30.0"  # follows the cluster

@@ -50,7 +50,7 @@ http://{{ include "sharegpu.extenderService" . }}.{{ .Release.Namespace }}.svc:{
   bindVerb: bind
   weight: {{ .Values.scheduler.extenderWeight }}
   enableHTTPS: false
-  nodeCacheCapable: false
+  nodeCacheCapable: true
   ignorable: {{ .Values.scheduler.ignorable }}
   httpTimeout: {{ .Values.scheduler.httpTimeout }}
   managedResources:
