@@ -457,7 +457,7 @@ def exported_metrics() -> set[str]:
         if not path.is_file():
             return DECLARED
         text = path.read_text()
-        for name in re.findall(r'"(sharegpu_[a-z_]+)"', text):
+        for name in set(re.findall(r"\bsharegpu_[a-z_]+", text)):
             found.add(name)
             if re.search(rf'Counter\(\s*"{name}"', text) or name.endswith("_total"):
                 found.add(name.removesuffix("_total") + "_total")
