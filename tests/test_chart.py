@@ -162,8 +162,8 @@ ALLOWED = {
     | _perm("", ["events"], ["create"])
     | _perm("coordination.k8s.io", ["leases"], ["create"])
     | _perm("coordination.k8s.io", ["leases"], ["get", "update"], ["sharegpu-extender"]),
-    "agent": _perm("", ["nodes"], ["get", "list", "watch", "patch"])
-    | _perm("", ["pods"], ["get", "list", "watch", "patch"]),
+    "agent": _perm("", ["nodes"], ["get", "watch", "patch"])
+    | _perm("", ["pods"], ["list", "patch"]),
     "webhook": set(),
     "scheduler": _perm("coordination.k8s.io", ["leases"], ["create"])
     | _perm("coordination.k8s.io", ["leases"], ["get", "update"], ["ack-co-scheduler"]),
