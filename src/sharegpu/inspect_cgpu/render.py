@@ -166,7 +166,7 @@ def details(view: ClusterUsage) -> str:
         block = tabwrite(table)
         out += block
         out.append("-" * max(len(line) for line in block))
-    cluster = [["", ], ["", ], [CLUSTER_LINE, _ratio(view.mem_allocated, view.mem_total), ""]]
+    cluster = [[""], [""], [CLUSTER_LINE, _ratio(view.mem_allocated, view.mem_total), ""]]
     if view.shows_core:
         cluster.append([CLUSTER_CORE_LINE, _ratio(view.core_allocated, view.core_total), ""])
     out += tabwrite(cluster)
