@@ -21,7 +21,7 @@ from .. import names
 from ..annotations import decode
 from ..errors import ValidationError
 from ..modes import Mode
-from ..nodes import spec_from_node
+from ..nodes import quantity, spec_from_node
 from ..pods import is_terminated, node_of
 from ..request import Kind, parse_pod
 
@@ -123,18 +123,11 @@ class ClusterUsage:
         return max((len(n.gpus) for n in self.nodes), default=0)
 
 
-def _quantity(v: Any) -> int:
-    try:
-        return int(str(v))
-    except (TypeError, ValueError):
-        return 0
-
-
 def shared_memory(node: Mapping[str, Any]) -> int:
     """The node's allocatable ``aliyun.com/gpu-mem`` in GiB (0 when it shares none)."""
     status = node.get("status") or {}
     alloc = status.get("allocatable") or status.get("capacity") or {}
-    return _quantity(alloc.get(names.RES_GPU_MEM))
+    return quantity(alloc.get(names.RES_GPU_MEM))
 
 
 @dataclass
