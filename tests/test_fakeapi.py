@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import threading
 import time
 
@@ -326,10 +327,16 @@ def test_status_subresource_separation(fake_api):
     p = c.patch(
         Pod.Status,
         "p1",
-        {"status": {"phase": "Running"}, "metadata": {"labels": {"x": "y"}}},
+        {
+            "status": {"phase": "Running"},
+            "metadata": {"labels": {"x": "y"}},
+            "spec": {"nodeName": "sneaky", "containers": [{"name": "other", "image": "i"}]},
+        },
         patch_type=PatchType.MERGE,
     )
-    assert p.status.phase == "Running" and not p.metadata.labels  # status ignores metadata
+    # /status takes status (and labels), never spec
+    assert p.status.phase == "Running" and p.metadata.labels == {"x": "y"}
+    assert p.spec.nodeName is None and p.spec.containers[0].name == "main"
     cur = c.get(Pod, "p1")
     cur.status = PodStatus(phase="Succeeded")
     updated = c.replace(Pod.Status(metadata=cur.metadata, spec=cur.spec, status=cur.status))
@@ -516,7 +523,7 @@ def test_watch_bookmarks_and_timeout(fake_api_factory):
     start = time.monotonic()
     with httpx.stream("GET", url, timeout=5) as r:
         events = [json.loads(x) for x in r.iter_lines() if x]
-    assert 0.9 < time.monotonic() - start < 3
+    assert 0.9 < time.monotonic() - start < 5
     assert events[0]["type"] == "ADDED"
     marks = [e for e in events if e["type"] == "BOOKMARK"]
     assert len(marks) >= 5
@@ -575,6 +582,13 @@ def test_lease_create_update_and_conflict(fake_api):
     assert 'leases.coordination.k8s.io "sharegpu-extender"' in e.value.status.message
     stored = fake_api.get("leases", "sharegpu-extender", namespace="kube-system")
     assert stored["spec"]["holderIdentity"] == "b"
+    status, _, body = raw(
+        fake_api,
+        "POST",
+        "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases",
+        {"metadata": {"name": "bad"}, "spec": {"leaseDurationSeconds": 0}},
+    )
+    assert status == 422 and body["details"]["causes"][0]["field"] == "spec.leaseDurationSeconds"
 
 
 def test_core_and_events_v1_events(fake_api):
@@ -616,7 +630,46 @@ def test_core_and_events_v1_events(fake_api):
     )
     v1 = list(c.list(EventV1, fields={"regarding.name": "n1"}))
     assert [(e.reason, e.note) for e in v1] == [("GPUsFound", "2 GPUs")]
-    assert [e["reason"] for e in fake_api.objects("events.events.k8s.io")] == ["GPUsFound"]
+    # One storage, two APIs (as upstream): each API sees every event in its own form.
+    as_core = c.get(Event, "n1.1")
+    assert (as_core.message, as_core.reportingComponent, as_core.involvedObject.name) == (
+        "2 GPUs",
+        "sharegpu.io/agent",
+        "n1",
+    )
+    _, _, as_v1 = raw(fake_api, "GET", "/apis/events.k8s.io/v1/namespaces/default/events/p1.1")
+    assert as_v1["apiVersion"] == "events.k8s.io/v1" and as_v1["eventTime"] is None
+    assert (as_v1["note"], as_v1["regarding"]["name"], as_v1["deprecatedSource"]) == (
+        "bound to n1",
+        "p1",
+        {"component": "sharegpu"},
+    )
+    assert sorted(e["reason"] for e in fake_api.objects("events.events.k8s.io")) == [
+        "FailedScheduling",
+        "GPUsFound",
+        "Scheduled",
+    ]
+    _, _, by_source = raw(
+        fake_api, "GET", "/apis/events.k8s.io/v1/events?fieldSelector=source%3Dsharegpu"
+    )
+    assert [e["metadata"]["name"] for e in by_source["items"]] == ["p1.1"]
+    with pytest.raises(ApiError) as e:  # core spellings are not field labels of events.k8s.io
+        list(c.list(EventV1, fields={"involvedObject.name": "n1"}))
+    assert e.value.status.code == 400
+    # events.k8s.io/v1 requires the new-style fields on create
+    status, _, body = raw(
+        fake_api,
+        "POST",
+        "/apis/events.k8s.io/v1/namespaces/default/events",
+        {"metadata": {"name": "bad"}, "reason": "X", "type": "Normal"},
+    )
+    assert status == 422
+    assert {c["field"] for c in body["details"]["causes"]} == {
+        "eventTime",
+        "reportingController",
+        "reportingInstance",
+        "action",
+    }
 
 
 # ----------------------------------------------------------------------------------- faults
@@ -668,14 +721,14 @@ def test_fault_after_commit_conflict_latency_and_outage(fake_api):
     assert e.value.status.reason == "Conflict"
     assert c.replace(p).metadata.labels == {"a": "b"}
 
-    fake_api.faults.delay(0.3, verbs="get", resources="nodes")
+    slow = fake_api.faults.delay(0.3, verbs="get", resources="nodes")
     fake_api.create({"kind": "Node", "metadata": {"name": "n1"}})
     start = time.monotonic()
     c.get(Node, "n1")
     assert time.monotonic() - start >= 0.3
-    start = time.monotonic()
     c.get(Pod, "p1")
-    assert time.monotonic() - start < 0.3
+    list(c.list(Node))
+    assert slow.fired == 1  # only the get of a node was delayed
 
     fake_api.faults.unavailable()
     with pytest.raises(ApiError) as e:
@@ -815,3 +868,360 @@ def test_state_helpers(fake_api):
     assert c.get(Pod, "x", namespace="ns1").metadata.labels == {"a": "b"}
     fake_api.delete("pods", "x", "ns1")
     assert fake_api.objects("pods") == []
+
+
+def test_send_initial_events_ends_with_annotated_bookmark(fake_api):
+    fake_api.create({"kind": "Node", "metadata": {"name": "n1"}})
+    fake_api.create({"kind": "Node", "metadata": {"name": "n2"}})
+    rv = fake_api.resource_version
+    url = (
+        f"{fake_api.url}/api/v1/nodes?watch=1&sendInitialEvents=true&allowWatchBookmarks=true"
+        "&resourceVersionMatch=NotOlderThan&timeoutSeconds=1"
+    )
+    with httpx.stream("GET", url, timeout=5) as r:
+        lines = r.iter_lines()
+        first = [json.loads(next(lines)) for _ in range(3)]
+    assert [(e["type"], e["object"]["metadata"].get("name")) for e in first] == [
+        ("ADDED", "n1"),
+        ("ADDED", "n2"),
+        ("BOOKMARK", None),
+    ]
+    assert first[2]["object"]["metadata"] == {
+        "resourceVersion": rv,
+        "annotations": {"k8s.io/initial-events-end": "true"},
+    }
+
+
+def test_events_v1_watch_sees_core_events_converted(fake_api):
+    url = f"{fake_api.url}/apis/events.k8s.io/v1/namespaces/default/events?watch=true"
+    with httpx.stream("GET", url, timeout=5) as r:
+        fake_api.create(
+            {
+                "kind": "Event",
+                "apiVersion": "v1",
+                "metadata": {"name": "e1", "namespace": "default"},
+                "involvedObject": {"kind": "Pod", "name": "p1", "namespace": "default"},
+                "message": "hello",
+                "reason": "Test",
+            }
+        )
+        event = json.loads(next(r.iter_lines()))
+    assert event["type"] == "ADDED"
+    obj = event["object"]
+    assert obj["apiVersion"] == "events.k8s.io/v1" and obj["note"] == "hello"
+    assert obj["regarding"]["name"] == "p1" and "involvedObject" not in obj
+
+
+def test_deletecollection_dry_run_and_retry_after(fake_api):
+    c = client(fake_api)
+    for i in range(4):
+        c.create(pod(f"p{i}", labels={"batch": "a" if i < 3 else "b"}))
+    status, _, body = raw(
+        fake_api,
+        "POST",
+        "/api/v1/namespaces/default/pods?dryRun=All",
+        {"metadata": {"name": "ghost"}, "spec": {"containers": [{"name": "c", "image": "i"}]}},
+    )
+    assert status == 201 and body["metadata"]["name"] == "ghost"
+    assert fake_api.get("pods", "ghost") is None
+    status, _, body = raw(
+        fake_api, "DELETE", "/api/v1/namespaces/default/pods?labelSelector=batch%3Da"
+    )
+    assert status == 200 and body["kind"] == "PodList"
+    assert sorted(i["metadata"]["name"] for i in body["items"]) == ["p0", "p1", "p2"]
+    assert [p["metadata"]["name"] for p in fake_api.objects("pods")] == ["p3"]
+    fake_api.faults.fail(verbs="list", code=429, times=1)
+    r = httpx.get(f"{fake_api.url}/api/v1/pods")
+    assert r.status_code == 429 and r.headers["Retry-After"] == "1"
+    assert r.json()["reason"] == "TooManyRequests"
+    assert httpx.get(f"{fake_api.url}/api/v1/pods").status_code == 200
+
+
+def test_node_agent_style_watch_by_node_name_sees_binding(fake_api):
+    c = client(fake_api)
+    c.create(pod("p1"))
+    c.create(pod("p2"))
+    stream = c.watch(Pod, namespace="*", fields={"spec.nodeName": "n1"})
+    raw(fake_api, "POST", "/api/v1/namespaces/default/pods/p2/binding", bind_body("p2", "n1"))
+    t, o = take(stream, 1)[0]
+    assert (t, o.metadata.name, o.spec.nodeName) == ("ADDED", "p2", "n1")  # matches from now on
+    c.delete(Pod, "p2")
+    assert [(t, o.metadata.name) for t, o in take(stream, 1)] == [("DELETED", "p2")]
+    stream.close()
+
+
+def test_flaky_watches_lose_no_event(fake_api):
+    fake_api.faults.flaky_watches(0.3, resources="pods")
+    c = client(fake_api)
+    # from a known version, so the writer cannot race the first watch request
+    stream = c.watch(Pod, namespace="default", resource_version=fake_api.resource_version)
+
+    def writer():
+        c2 = client(fake_api)
+        for i in range(30):
+            c2.create(pod(f"p{i}"))
+            c2.patch(
+                Pod, f"p{i}", {"metadata": {"labels": {"n": str(i)}}}, patch_type=PatchType.MERGE
+            )
+
+    t = threading.Thread(target=writer)
+    t.start()
+    events = take(stream, 60)
+    t.join()
+    stream.close()
+    # every change exactly once, in order, across the reconnections
+    assert [(k, o.metadata.name) for k, o in events] == [
+        (k, f"p{i}") for i in range(30) for k in ("ADDED", "MODIFIED")
+    ]
+    rvs = [int(o.metadata.resourceVersion) for _, o in events]
+    assert rvs == sorted(rvs) and len(set(rvs)) == 60
+    assert len(fake_api.requests_for("watch", "pods")) > 3  # it did reconnect
+
+
+def test_timed_outage_ends_by_itself(fake_api):
+    c = client(fake_api)
+    fake_api.faults.unavailable(seconds=0.3)
+    with pytest.raises(ApiError) as e:
+        c.list(Pod).__iter__().__next__()
+    assert e.value.status.code == 503
+    time.sleep(0.35)
+    assert list(c.list(Pod)) == []
+
+
+def test_stop_with_open_watch_is_prompt(fake_api_factory):
+    api = fake_api_factory()
+    api.create({"kind": "Node", "metadata": {"name": "n1"}})
+    with httpx.stream("GET", f"{api.url}/api/v1/nodes?watch=1", timeout=5) as r:
+        lines = r.iter_lines()
+        assert json.loads(next(lines))["type"] == "ADDED"
+        start = time.monotonic()
+        api.stop()
+        assert time.monotonic() - start < 2
+        assert list(lines) == []  # the stream ends cleanly
+
+
+def test_requests_are_recorded_with_client_identity(fake_api):
+    c = client(fake_api)
+    c.create(pod("p1"))
+    rec = fake_api.requests_for("create", "pods")[-1]
+    assert rec.method == "POST" and rec.status == 201 and rec.namespace == "default"
+    assert rec.authorization == "Bearer fake-token"
+    assert rec.body["metadata"]["name"] == "p1"
+
+
+def test_label_and_resource_validation_like_the_real_server(fake_api):
+    c = client(fake_api)
+    c.create(Node(metadata=ObjectMeta(name="n1")))
+    with pytest.raises(ApiError) as e:  # a card model with spaces is not a label value
+        c.patch(
+            Node,
+            "n1",
+            {"metadata": {"labels": {"gpu-model": "NVIDIA A100 80GB"}}},
+            patch_type=PatchType.MERGE,
+        )
+    assert e.value.status.code == 422 and e.value.status.details.causes[0].field == (
+        "metadata.labels"
+    )
+    ok = c.patch(
+        Node,
+        "n1",
+        {"metadata": {"labels": {"gpu-model": "NVIDIA-A100-80GB"}}},
+        patch_type=PatchType.MERGE,
+    )
+    assert ok.metadata.labels == {"gpu-model": "NVIDIA-A100-80GB"}
+    with pytest.raises(ApiError) as e:  # extended resources are whole numbers
+        c.patch(
+            Node.Status,
+            "n1",
+            {"status": {"capacity": {"aliyun.com/gpu-mem": "15.5"}}},
+            patch_type=PatchType.MERGE,
+        )
+    assert e.value.status.code == 422 and "must be an integer" in e.value.status.message
+    n = c.patch(
+        Node.Status,
+        "n1",
+        {"status": {"capacity": {"aliyun.com/gpu-mem": "30", "memory": "64Gi"}}},
+        patch_type=PatchType.MERGE,
+    )
+    assert n.status.capacity == {"aliyun.com/gpu-mem": "30", "memory": "64Gi"}
+
+    def gpu_pod(name, resources):
+        return {
+            "metadata": {"name": name},
+            "spec": {"containers": [{"name": "c", "image": "i", "resources": resources}]},
+        }
+
+    path = "/api/v1/namespaces/default/pods"
+    status, _, body = raw(
+        fake_api,
+        "POST",
+        path,
+        gpu_pod("ok", {"limits": {"aliyun.com/gpu-mem": "3", "cpu": "500m"}}),
+    )
+    assert status == 201  # requests default to the limits
+    assert body["spec"]["containers"][0]["resources"]["requests"] == {
+        "aliyun.com/gpu-mem": "3",
+        "cpu": "500m",
+    }
+    status, _, body = raw(
+        fake_api, "POST", path, gpu_pod("half", {"limits": {"aliyun.com/gpu-mem": "0.5"}})
+    )
+    assert status == 422 and "must be an integer" in body["message"]
+    status, _, body = raw(
+        fake_api,
+        "POST",
+        path,
+        gpu_pod(
+            "over", {"requests": {"aliyun.com/gpu-mem": "2"}, "limits": {"aliyun.com/gpu-mem": "3"}}
+        ),
+    )
+    assert status == 422 and "must be equal to aliyun.com/gpu-mem limit" in body["message"]
+    status, _, body = raw(
+        fake_api, "POST", path, gpu_pod("nolimit", {"requests": {"aliyun.com/gpu-mem": "2"}})
+    )
+    assert status == 422 and "Limit must be set" in body["message"]
+    status, _, body = raw(fake_api, "POST", path, gpu_pod("bad", {"limits": {"memory": "lots"}}))
+    assert status == 422 and "must be a valid quantity" in body["message"]
+
+
+def test_default_client_config_finds_the_fake_through_kubeconfig_env(fake_api_env):
+    fake_api_env.create({"kind": "Node", "metadata": {"name": "n1"}})
+    assert [n.metadata.name for n in Client().list(Node)] == ["n1"]  # in-cluster, else $KUBECONFIG
+
+
+def test_tls_and_token(fake_api_factory):
+    api = fake_api_factory(tls=True, token="s3cret")
+    assert api.url.startswith("https://") and api.ca_cert_path.is_file()
+    trust = ssl.create_default_context(cafile=str(api.ca_cert_path))
+    c = client(api)  # the kubeconfig names the CA and carries the token
+    c.create(Node(metadata=ObjectMeta(name="n1")))
+    assert [n.metadata.name for n in c.list(Node)] == ["n1"]
+    assert httpx.get(f"{api.url}/version", verify=trust).status_code == 200
+    r = httpx.get(f"{api.url}/api/v1/nodes", verify=trust)
+    assert r.status_code == 401 and r.json()["reason"] == "Unauthorized"
+    r = httpx.get(
+        f"{api.url}/api/v1/nodes",
+        verify=trust,
+        headers={"Authorization": "Bearer wrong"},
+    )
+    assert r.status_code == 401
+    with pytest.raises(httpx.ConnectError):  # not trusted without the CA
+        httpx.get(f"{api.url}/version")
+
+
+def test_malformed_requests_get_status_errors(fake_api):
+    url = f"{fake_api.url}/api/v1/namespaces/default/pods"
+    r = httpx.post(url, content=b"{not json", headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["reason"] == "BadRequest"
+    r = httpx.post(url, content=b"\xff\xfe\xfa", headers={"Content-Type": "application/json"})
+    assert r.status_code == 400
+    r = httpx.post(url, content=b"<pod/>", headers={"Content-Type": "application/xml"})
+    assert r.status_code == 415 and r.json()["reason"] == "UnsupportedMediaType"
+    r = httpx.patch(f"{url}/x", content=b"{}", headers={"Content-Type": "application/json"})
+    assert r.status_code == 415
+    r = httpx.get(f"{url}?limit=many")
+    assert r.status_code == 400
+    r = httpx.get(f"{url}?watch=1&resourceVersion=abc")
+    assert r.status_code == 400
+    r = httpx.put(f"{url}/x", json={"metadata": {"name": "y"}})
+    assert r.status_code == 400 and "does not match the name on the URL" in r.json()["message"]
+    r = httpx.post(f"{fake_api.url}/api/v1/pods", json={"metadata": {"name": "x"}})
+    assert r.status_code == 405
+    r = httpx.get(f"{fake_api.url}/api/v1/namespaces/default/pods/x/binding")
+    assert r.status_code == 405
+    assert all(rec.status >= 400 for rec in fake_api.requests)
+
+
+class _Webhook:
+    """A validating admission webhook on 127.0.0.1: denies pods labelled deny=yes."""
+
+    def __init__(self):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        seen = self.seen = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                req = review["request"]
+                seen.append(req)
+                labels = ((req.get("object") or {}).get("metadata") or {}).get("labels") or {}
+                allowed = labels.get("deny") != "yes"
+                response = {"uid": req["uid"], "allowed": allowed}
+                if not allowed:
+                    response["status"] = {
+                        "code": 403,
+                        "reason": "Forbidden",
+                        "message": "pods labelled deny=yes are refused",
+                    }
+                data = json.dumps(
+                    {
+                        "apiVersion": "admission.k8s.io/v1",
+                        "kind": "AdmissionReview",
+                        "response": response,
+                    }
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/validate"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_validating_admission_webhooks(fake_api):
+    hook = _Webhook()
+    try:
+        fake_api.add_validating_webhook("deny.sharegpu.io", hook.url, resources=("pods",))
+        binds = fake_api.add_validating_webhook(
+            "bind.sharegpu.io", hook.url, resources=("pods/binding",), operations=("CREATE",)
+        )
+        c = client(fake_api)
+        c.create(pod("ok"))
+        with pytest.raises(ApiError) as e:
+            c.create(pod("bad", labels={"deny": "yes"}))
+        assert e.value.status.code == 403
+        assert e.value.status.message == (
+            'admission webhook "deny.sharegpu.io" denied the request: '
+            "pods labelled deny=yes are refused"
+        )
+        assert fake_api.get("pods", "bad") is None
+        with pytest.raises(ApiError):  # updates are reviewed too, with the old object
+            c.patch(
+                Pod, "ok", {"metadata": {"labels": {"deny": "yes"}}}, patch_type=PatchType.MERGE
+            )
+        update = hook.seen[-1]
+        assert update["operation"] == "UPDATE" and update["oldObject"]["metadata"]["name"] == "ok"
+        assert update["object"]["status"]["phase"] == "Pending"  # the object as it would be stored
+        status, _, _ = raw(
+            fake_api, "POST", "/api/v1/namespaces/default/pods/ok/binding", bind_body("ok", "n1")
+        )
+        assert status == 201
+        assert binds.reviews[-1]["request"]["kind"]["kind"] == "Binding"
+        assert binds.reviews[-1]["request"]["subResource"] == "binding"
+        create = hook.seen[0]
+        assert (create["operation"], create["namespace"], create["name"]) == (
+            "CREATE",
+            "default",
+            "ok",
+        )
+    finally:
+        hook.close()
+    # the webhook is gone: Fail refuses the write, Ignore lets it through
+    with pytest.raises(ApiError) as e:
+        c.create(pod("later"))
+    assert e.value.status.code == 500 and "failed calling webhook" in e.value.status.message
+    fake_api.webhooks.clear()
+    fake_api.add_validating_webhook("gone", hook.url, failure_policy="Ignore", timeout=1)
+    assert c.create(pod("later")).metadata.name == "later"

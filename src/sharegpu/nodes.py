@@ -23,7 +23,8 @@ from .state import NodeSpec
 from .topology import matrix_from_kinds
 
 
-def _quantity(v: Any) -> int:
+def quantity(v: Any) -> int:
+    """A whole-number resource quantity from a node's status (0 when absent or not whole)."""
     try:
         return int(str(v))
     except (TypeError, ValueError):
@@ -31,11 +32,11 @@ def _quantity(v: Any) -> int:
 
 
 def infer_mode(allocatable: Mapping[str, Any]) -> Mode:
-    if _quantity(allocatable.get(names.RES_GPU_CORE)) > 0:
+    if quantity(allocatable.get(names.RES_GPU_CORE)) > 0:
         return Mode.CORE_MEM
-    if _quantity(allocatable.get(names.RES_GPU_MEM)) > 0:
+    if quantity(allocatable.get(names.RES_GPU_MEM)) > 0:
         return Mode.CGPU
-    if _quantity(allocatable.get(names.RES_TOPOLOGY_GPU)) > 0:
+    if quantity(allocatable.get(names.RES_TOPOLOGY_GPU)) > 0:
         return Mode.TOPOLOGY
     return Mode.EXCLUSIVE
 
@@ -73,17 +74,17 @@ def gpu_memory(node: Mapping[str, Any]) -> list[int]:
                 f"node {name}: annotation {names.ANN_NODE_GPU_MEM}", raw,
                 "must be positive whole GiB per GPU separated by ','",
             ) from None
-    count = _quantity(alloc.get(names.RES_GPU_COUNT))
-    total = _quantity(alloc.get(names.RES_GPU_MEM))
+    count = quantity(alloc.get(names.RES_GPU_COUNT))
+    total = quantity(alloc.get(names.RES_GPU_MEM))
     if count <= 0:
-        count = max(_quantity(alloc.get(names.RES_NVIDIA_GPU)),
-                    _quantity(alloc.get(names.RES_TOPOLOGY_GPU)),
-                    _quantity((meta.get("labels") or {}).get(names.LABEL_CARD_COUNT)))
+        count = max(quantity(alloc.get(names.RES_NVIDIA_GPU)),
+                    quantity(alloc.get(names.RES_TOPOLOGY_GPU)),
+                    quantity((meta.get("labels") or {}).get(names.LABEL_CARD_COUNT)))
     if count <= 0:
         return []
     if total <= 0:
         card = str((meta.get("labels") or {}).get(names.LABEL_CARD_MEM, ""))
-        mib = _quantity(card.removesuffix("MiB"))
+        mib = quantity(card.removesuffix("MiB"))
         per = max(mib // 1024, 1) if mib else 1
         return [per] * count
     base, extra = divmod(total, count)

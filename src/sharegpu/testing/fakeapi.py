@@ -2,15 +2,18 @@
 
 It serves core/v1 pods (with ``pods/binding`` and ``pods/status``), nodes (with
 ``nodes/status``), namespaces, events and configmaps, coordination.k8s.io/v1 leases and
-events.k8s.io/v1 events, plus the discovery documents (``/api``, ``/apis``, ``/version``).
-Storage semantics (resourceVersion, conflicts, finalizers, history) live in
-:mod:`sharegpu.testing.store`; patch formats in :mod:`sharegpu.testing.patches`; selectors in
-:mod:`sharegpu.testing.selectors`; fault injection in :mod:`sharegpu.testing.faults`.
+events.k8s.io/v1 events (one storage with core/v1 events, as upstream), plus the discovery
+documents (``/api``, ``/apis``, ``/version``). The parts: :mod:`~sharegpu.testing.routing`
+(paths to API calls), :mod:`~sharegpu.testing.store` (resourceVersion, conflicts,
+finalizers, history, watches), :mod:`~sharegpu.testing.validation`,
+:mod:`~sharegpu.testing.patches`, :mod:`~sharegpu.testing.selectors`,
+:mod:`~sharegpu.testing.watchstream`, :mod:`~sharegpu.testing.faults`,
+:mod:`~sharegpu.testing.admission` (validating webhooks), :mod:`~sharegpu.testing.tls`.
 
-It is not a kube-apiserver: no authentication or authorization (any bearer token works), no
-admission, no OpenAPI schema validation beyond the few rules listed in ``store``, no
+It is not a kube-apiserver: no authorization, one optional bearer token for authentication,
+no mutating admission, no schema validation beyond the rules in ``validation``, no
 server-side apply field ownership (an apply patch merges like a strategic merge patch and
-creates missing objects), and core/v1 and events.k8s.io/v1 events are stored apart.
+creates missing objects), no controllers or garbage collection.
 
 Use it from sync tests (``with FakeApiServer() as api:`` runs it in a background thread with
 its own event loop) or from async tests (``async with FakeApiServer() as api:`` runs it in the
@@ -22,7 +25,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import shutil
+import ssl
 import tempfile
 import threading
 import time
@@ -37,11 +42,17 @@ from aiohttp import web
 
 from . import resources as res
 from . import status as st
+from .admission import OPERATIONS, ValidatingWebhook, admit, review_request
 from .faults import Faults
 from .patches import PatchError, json_patch, merge_patch, strategic_merge_patch
 from .resources import ResourceType
+from .routing import PUBLIC_PATHS, Call, discovery, route
 from .selectors import SelectorError, parse_field_selector, parse_label_selector
-from .store import CLOSE, INITIAL_EVENTS_END, Obj, Store, Watcher
+from .store import Obj, Store
+from .tls import make_certificates
+from .watchstream import serve_watch
+
+_log = logging.getLogger(__name__)
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
@@ -49,19 +60,6 @@ STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
 PATCH_TYPES = (MERGE_PATCH, STRATEGIC_PATCH, JSON_PATCH, APPLY_PATCH)
-BOOKMARK = "__BOOKMARK__"
-
-SERVER_VERSION = {
-    "major": "1",
-    "minor": "31",
-    "gitVersion": "v1.31.0-sharegpu-fake",
-    "gitCommit": "0000000000000000000000000000000000000000",
-    "gitTreeState": "clean",
-    "buildDate": "2026-01-01T00:00:00Z",
-    "goVersion": "none",
-    "compiler": "none",
-    "platform": "linux/amd64",
-}
 
 
 @dataclass(frozen=True)
@@ -77,19 +75,8 @@ class RequestRecord:
     name: str | None
     status: int
     body: Any
-
-
-@dataclass
-class _Call:
-    verb: str
-    rtype: ResourceType
-    namespace: str | None
-    name: str | None
-    sub: str | None
-
-    @property
-    def resource(self) -> str:
-        return f"{self.rtype.plural}/{self.sub}" if self.sub else self.rtype.plural
+    user_agent: str = ""
+    authorization: str = ""
 
 
 def _dumps(obj: Any) -> bytes:
@@ -111,12 +98,6 @@ def _error_response(err: st.StatusError) -> web.Response:
     return _json_response(err.body(), err.code, headers)
 
 
-def _truthy(value: str | None) -> bool | None:
-    if value is None:
-        return None
-    return value.lower() in ("1", "true", "yes")
-
-
 class FakeApiServer:
     """A fake kube-apiserver on 127.0.0.1. See the module docstring for what it covers.
 
@@ -126,7 +107,10 @@ class FakeApiServer:
     ``watch_timeout`` (server-side cap on a watch in seconds, None: none unless the client sets
     ``timeoutSeconds``), ``graceful_pod_deletion`` (DELETE of a bound pod only marks it, like
     a real cluster waiting for the kubelet), ``strict_namespaces`` (namespaced writes need an
-    existing Namespace; default, kube-system, kube-public and kube-node-lease exist).
+    existing Namespace; default, kube-system, kube-public and kube-node-lease exist), ``tls``
+    (serve HTTPS with a throwaway CA, ``ca_cert_path``, named in the kubeconfig), ``token``
+    (answer 401 to requests without ``Authorization: Bearer <token>``, except health and
+    version; the kubeconfig carries it).
     """
 
     def __init__(
@@ -141,9 +125,14 @@ class FakeApiServer:
         graceful_pod_deletion: bool = False,
         strict_namespaces: bool = False,
         max_request_log: int = 10000,
+        tls: bool = False,
+        token: str | None = None,
     ) -> None:
         self.host = host
         self.port = port
+        self.tls = tls
+        self.token = token
+        self.ca_cert_path: Path | None = None
         self.store = Store(
             history_size=history_size,
             seed=seed,
@@ -154,6 +143,7 @@ class FakeApiServer:
         self.bookmark_interval = bookmark_interval
         self.watch_timeout = watch_timeout
         self.requests: deque[RequestRecord] = deque(maxlen=max_request_log)
+        self.webhooks: list[ValidatingWebhook] = []
         self._runner: web.AppRunner | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -164,7 +154,7 @@ class FakeApiServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     async def start_async(self) -> FakeApiServer:
         """Start serving in the running event loop."""
@@ -174,7 +164,13 @@ class FakeApiServer:
             app, access_log=None, handler_cancellation=True, shutdown_timeout=0.5
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
+        ssl_context = None
+        if self.tls:
+            certs = make_certificates(self._workdir() / "tls", (self.host, "localhost"))
+            self.ca_cert_path = certs.ca_cert
+            ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            ssl_context.load_cert_chain(certs.cert, certs.key)
+        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=ssl_context)
         await site.start()
         self.port = self._runner.addresses[0][1]
         self._loop = asyncio.get_running_loop()
@@ -241,14 +237,20 @@ class FakeApiServer:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop_async()
 
-    def _write_kubeconfig(self) -> None:
+    def _workdir(self) -> Path:
         if self._tmpdir is None:
             self._tmpdir = Path(tempfile.mkdtemp(prefix="fake-kube-"))
+        return self._tmpdir
+
+    def _write_kubeconfig(self) -> None:
+        cluster: dict[str, Any] = {"server": self.url}
+        if self.ca_cert_path is not None:
+            cluster["certificate-authority"] = str(self.ca_cert_path)
         cfg = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
-            "users": [{"name": "fake", "user": {"token": "fake-token"}}],
+            "clusters": [{"name": "fake", "cluster": cluster}],
+            "users": [{"name": "fake", "user": {"token": self.token or "fake-token"}}],
             "contexts": [
                 {
                     "name": "fake",
@@ -257,7 +259,7 @@ class FakeApiServer:
             ],
             "current-context": "fake",
         }
-        self.kubeconfig_path = self._tmpdir / "kubeconfig"
+        self.kubeconfig_path = self._workdir() / "kubeconfig"
         self.kubeconfig_path.write_text(yaml.safe_dump(cfg))
 
     # ================================================================== state helpers
@@ -349,7 +351,7 @@ class FakeApiServer:
     # ================================================================== HTTP
 
     def _record(
-        self, request: web.Request, verb: str, call: _Call | None, status: int, body: Any
+        self, request: web.Request, verb: str, call: Call | None, status: int, body: Any
     ) -> None:
         self.requests.append(
             RequestRecord(
@@ -362,21 +364,32 @@ class FakeApiServer:
                 call.name if call else None,
                 status,
                 body,
+                request.headers.get("User-Agent", ""),
+                request.headers.get("Authorization", ""),
             )
         )
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        call: _Call | None = None
+        call: Call | None = None
         body: Any = None
         try:
             if self.faults.is_down:
                 raise st.unavailable()
             segs = [s for s in request.path.split("/") if s]
-            disco = self._discovery(segs)
-            if disco is not None:
-                self._record(request, "discovery", None, disco.status, None)
-                return disco
-            call = self._route(request.method, segs, request.query)
+            public = len(segs) == 1 and segs[0] in PUBLIC_PATHS
+            if (
+                self.token is not None
+                and not public
+                and request.headers.get("Authorization") != f"Bearer {self.token}"
+            ):
+                raise st.StatusError(401, "Unauthorized", "Unauthorized")
+            doc = discovery(segs, f"{self.host}:{self.port}")
+            if doc is not None:
+                self._record(request, "discovery", None, 200, None)
+                if isinstance(doc, str):
+                    return web.Response(text=doc, content_type="text/plain")
+                return _json_response(doc)
+            call = route(request.method, segs, request.query)
             decision = self.faults.decide(
                 call.verb, call.resource, call.name or "", call.rtype.group
             )
@@ -385,13 +398,20 @@ class FakeApiServer:
             if decision.error is not None and not decision.after_commit:
                 raise decision.error
             if call.verb == "watch":
-                self._record(request, "watch", call, 200, None)
-                return await self._watch(request, call)
+                return await serve_watch(
+                    request, call, self.store, self.faults,
+                    bookmark_interval=self.bookmark_interval, watch_timeout=self.watch_timeout,
+                    on_open=lambda: self._record(request, "watch", call, 200, None),
+                )  # fmt: skip
             if request.method in ("POST", "PUT", "PATCH"):
                 body = await self._read_body(request, call)
             elif request.method == "DELETE" and request.can_read_body:
                 raw = await request.read()
                 body = json.loads(raw) if raw.strip() else None
+            operation = OPERATIONS.get(call.verb)
+            hooks = [h for h in self.webhooks if operation and h.matches(operation, call.resource)]
+            if hooks and operation:
+                await self._admit(request, call, body, operation, hooks)
             resp = self._dispatch(request, call, body)
             if decision.error is not None:
                 raise decision.error
@@ -403,11 +423,15 @@ class FakeApiServer:
         except SelectorError as e:
             self._record(request, call.verb if call else "unknown", call, 400, body)
             return _error_response(st.bad_request(str(e)))
-        except json.JSONDecodeError as e:
+        except (ValueError, yaml.YAMLError) as e:  # JSON/YAML decoding, bad numbers
             self._record(request, call.verb if call else "unknown", call, 400, body)
-            return _error_response(st.bad_request(f"error decoding the request body: {e}"))
+            return _error_response(st.bad_request(f"error decoding the request: {e}"))
+        except Exception as e:  # a bug in the fake: answer like the real server would
+            _log.exception("fake API server: %s %s failed", request.method, request.path)
+            self._record(request, call.verb if call else "unknown", call, 500, body)
+            return _error_response(st.internal(repr(e)))
 
-    async def _read_body(self, request: web.Request, call: _Call) -> Any:
+    async def _read_body(self, request: web.Request, call: Call) -> Any:
         raw = await request.read()
         ctype = request.content_type
         if request.method == "PATCH":
@@ -424,156 +448,68 @@ class FakeApiServer:
             raise st.unsupported_media_type(ctype)
         return json.loads(raw) if raw.strip() else None
 
-    # ------------------------------------------------------------------ discovery
-
-    def _discovery(self, segs: list[str]) -> web.Response | None:
-        if not segs:
-            paths = ["/api", "/api/v1", "/apis", "/healthz", "/livez", "/readyz", "/version"]
-            paths += [f"/apis/{g}" for g in res.group_versions()]
-            paths += [f"/apis/{g}/{v}" for g, vs in res.group_versions().items() for v in vs]
-            return _json_response({"paths": sorted(paths)})
-        if segs[0] in ("healthz", "livez", "readyz") and len(segs) == 1:
-            return web.Response(text="ok", content_type="text/plain")
-        if segs == ["version"]:
-            return _json_response(SERVER_VERSION)
-        if segs == ["api"]:
-            return _json_response(
-                {
-                    "kind": "APIVersions",
-                    "versions": ["v1"],
-                    "serverAddressByClientCIDRs": [
-                        {"clientCIDR": "0.0.0.0/0", "serverAddress": f"{self.host}:{self.port}"}
-                    ],
-                }
-            )
-        if segs == ["api", "v1"]:
-            return _json_response(self._resource_list("", "v1"))
-        if segs == ["apis"]:
-            return _json_response(
-                {
-                    "kind": "APIGroupList",
-                    "apiVersion": "v1",
-                    "groups": [self._group(g, vs) for g, vs in res.group_versions().items()],
-                }
-            )
-        if len(segs) == 2 and segs[0] == "apis":
-            vs = res.group_versions().get(segs[1])
-            if vs is None:
-                raise StatusNotFoundPath()
-            return _json_response(
-                {"kind": "APIGroup", "apiVersion": "v1", **self._group(segs[1], vs)}
-            )
-        if len(segs) == 3 and segs[0] == "apis":
-            if segs[2] not in res.group_versions().get(segs[1], []):
-                raise StatusNotFoundPath()
-            return _json_response(self._resource_list(segs[1], segs[2]))
-        return None
-
-    @staticmethod
-    def _group(group: str, versions: list[str]) -> dict[str, Any]:
-        gvs = [{"groupVersion": f"{group}/{v}", "version": v} for v in versions]
-        return {"name": group, "versions": gvs, "preferredVersion": gvs[0]}
-
-    @staticmethod
-    def _resource_list(group: str, version: str) -> dict[str, Any]:
-        out = []
-        for r in res.by_group_version(group, version).values():
-            entry: dict[str, Any] = {
-                "name": r.plural,
-                "singularName": r.singular,
-                "namespaced": r.namespaced,
-                "kind": r.kind,
-                "verbs": list(r.verbs),
-            }
-            if r.short_names:
-                entry["shortNames"] = list(r.short_names)
-            out.append(entry)
-            for sub in r.subresources:
-                out.append(
-                    {
-                        "name": f"{r.plural}/{sub}",
-                        "singularName": "",
-                        "namespaced": r.namespaced,
-                        "kind": "Binding" if sub == "binding" else r.kind,
-                        "verbs": ["create"] if sub == "binding" else ["get", "patch", "update"],
-                    }
-                )
-        gv = f"{group}/{version}" if group else version
-        return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": out}
-
-    # ------------------------------------------------------------------ routing
-
-    def _route(self, method: str, segs: list[str], query: Any) -> _Call:
-        if segs[:2] == ["api", "v1"]:
-            group, version, rest = "", "v1", segs[2:]
-        elif len(segs) >= 3 and segs[0] == "apis":
-            group, version, rest = segs[1], segs[2], segs[3:]
-        else:
-            raise StatusNotFoundPath()
-        table = res.by_group_version(group, version)
-        if not table or not rest:
-            raise StatusNotFoundPath()
-        legacy_watch = rest[0] == "watch"
-        if legacy_watch:
-            rest = rest[1:]
-        ns: str | None = None
-        if (
-            len(rest) >= 3
-            and rest[0] == "namespaces"
-            and rest[2] in table
-            and table[rest[2]].namespaced
-        ):
-            ns, rtype, tail = rest[1], table[rest[2]], rest[3:]
-        else:
-            if not rest or rest[0] not in table:
-                raise StatusNotFoundPath()
-            rtype, tail = table[rest[0]], rest[1:]
-            if rtype.namespaced and tail:
-                raise StatusNotFoundPath()
-        if len(tail) > 2:
-            raise StatusNotFoundPath()
-        name = tail[0] if tail else None
-        sub = tail[1] if len(tail) == 2 else None
-        if sub is not None and sub not in rtype.subresources:
-            raise StatusNotFoundPath()
-        watch = legacy_watch or _truthy(query.get("watch")) is True
-        if method == "GET":
-            if name is None:
-                verb = "watch" if watch else "list"
-            elif legacy_watch:
-                verb = "watch"
-            else:
-                verb = "get"
-            if sub == "binding":
-                raise st.method_not_allowed()
-        elif method == "POST":
-            if (name is None and (ns is not None or not rtype.namespaced)) or sub == "binding":
-                verb = "create"
-            else:
-                raise st.method_not_allowed()
-        elif method in ("PUT", "PATCH"):
-            if name is None or sub == "binding":
-                raise st.method_not_allowed()
-            verb = "update" if method == "PUT" else "patch"
-        elif method == "DELETE":
-            if sub is not None:
-                raise st.method_not_allowed()
-            verb = "delete" if name is not None else "deletecollection"
-        else:
-            raise st.method_not_allowed()
-        if verb not in rtype.verbs:
-            raise st.method_not_allowed()
-        if not rtype.namespaced:
-            ns = None
-        return _Call(verb, rtype, ns, name, sub)
-
     # ------------------------------------------------------------------ verbs
 
-    def _dispatch(self, request: web.Request, call: _Call, body: Any) -> web.Response:
+    async def _admit(
+        self,
+        request: web.Request,
+        call: Call,
+        body: Any,
+        operation: str,
+        hooks: list[ValidatingWebhook],
+    ) -> None:
+        """Ask the validating webhooks about a write before it happens: the object is what the
+        write would store (found by performing it as a dry run)."""
+        dry_run = "All" in request.query.getall("dryRun", [])
+        rtype = call.rtype
+        old = obj = None
+        if call.verb == "deletecollection":
+            return  # upstream reviews each deleted object; not modelled
+        if operation == "DELETE":
+            old = self.store.find(rtype, call.namespace, call.name or "")
+        elif rtype is res.BINDING or call.sub == "binding":
+            obj = body
+        else:
+            candidate = self._dispatch(request, call, body, force_dry_run=True)
+            obj = json.loads(candidate.body)  # type: ignore[arg-type]
+            if operation == "UPDATE":
+                old = self.store.find(rtype, call.namespace, call.name or "")
+        name = call.name or ((obj or {}).get("metadata") or {}).get("name", "")
+        review = review_request(
+            operation=operation, rtype=rtype, sub=call.sub, name=name,
+            namespace=call.namespace, obj=obj, old=old, dry_run=dry_run,
+        )  # fmt: skip
+        await admit(hooks, review)
+
+    def add_validating_webhook(
+        self,
+        name: str,
+        url: str,
+        *,
+        resources: tuple[str, ...] = ("*",),
+        operations: tuple[str, ...] = ("CREATE", "UPDATE"),
+        ca_file: Path | str | None = None,
+        failure_policy: str = "Fail",
+        timeout: float = 10.0,
+    ) -> ValidatingWebhook:
+        """Register a validating admission webhook (an ``admission.k8s.io/v1`` endpoint) for
+        writes to ``resources`` (``pods``, ``pods/binding``, ``*``)."""
+        if failure_policy not in ("Fail", "Ignore"):
+            raise ValueError(f"failure_policy={failure_policy!r}: must be Fail or Ignore")
+        hook = ValidatingWebhook(
+            name, url, frozenset(resources), frozenset(operations),
+            Path(ca_file) if ca_file else None, failure_policy, timeout,
+        )  # fmt: skip
+        self.webhooks.append(hook)
+        return hook
+
+    def _dispatch(
+        self, request: web.Request, call: Call, body: Any, *, force_dry_run: bool = False
+    ) -> web.Response:
         q = request.query
         store = self.store
         rtype = call.rtype
-        dry_run = "All" in q.getall("dryRun", [])
+        dry_run = force_dry_run or "All" in q.getall("dryRun", [])
         if call.verb == "get":
             return _json_response(store.get(rtype, call.namespace, call.name or ""))
         if call.verb == "list":
@@ -660,7 +596,7 @@ class FakeApiServer:
             )
         raise st.method_not_allowed()
 
-    def _patch(self, request: web.Request, call: _Call, patch: Any, dry_run: bool) -> web.Response:
+    def _patch(self, request: web.Request, call: Call, patch: Any, dry_run: bool) -> web.Response:
         ctype = request.content_type
         if ctype == APPLY_PATCH and not request.query.get("fieldManager"):
             raise st.bad_request(
@@ -696,114 +632,3 @@ class FakeApiServer:
             create_missing=ctype == APPLY_PATCH,
         )
         return _json_response(obj, 201 if created else 200)
-
-    # ------------------------------------------------------------------ watch
-
-    async def _watch(self, request: web.Request, call: _Call) -> web.StreamResponse:
-        q = request.query
-        rtype = call.rtype
-        labels = parse_label_selector(q.get("labelSelector"))
-        fields = parse_field_selector(q.get("fieldSelector"), rtype.supported_fields)
-        bookmarks = _truthy(q.get("allowWatchBookmarks")) is True
-        timeout: float | None = self.watch_timeout
-        if q.get("timeoutSeconds"):
-            try:
-                asked = float(q["timeoutSeconds"])
-            except ValueError:
-                raise st.bad_request(f"invalid timeoutSeconds {q['timeoutSeconds']!r}") from None
-            timeout = asked if timeout is None else min(asked, timeout)
-        loop = asyncio.get_running_loop()
-        resp = web.StreamResponse(status=200)
-        resp.content_type = JSON
-        resp.enable_chunked_encoding()
-        try:
-            watcher, backlog, initial_end = self.store.watch(
-                rtype,
-                call.namespace if rtype.namespaced else None,
-                labels,
-                fields,
-                loop,
-                resource_version=q.get("resourceVersion"),
-                send_initial_events=_truthy(q.get("sendInitialEvents")),
-            )
-        except st.StatusError as e:
-            if e.code != 410:
-                raise
-            # The real server opens the stream, then sends the 410 as an ERROR event.
-            await resp.prepare(request)
-            await resp.write(_dumps({"type": "ERROR", "object": e.body()}) + b"\n")
-            await resp.write_eof()
-            return resp
-        start_rv = self.store.resource_version
-        await resp.prepare(request)
-
-        async def send(kind: str, obj: Obj) -> None:
-            await resp.write(_dumps({"type": kind, "object": obj}) + b"\n")
-
-        def bookmark(rv: int, initial_events_end: bool = False) -> Obj:
-            m: dict[str, Any] = {"resourceVersion": str(rv)}
-            if initial_events_end:
-                m["annotations"] = {INITIAL_EVENTS_END: "true"}
-            return {"kind": rtype.kind, "apiVersion": rtype.api_version, "metadata": m}
-
-        abrupt = False
-        try:
-            for kind, obj in backlog:
-                await send(kind, obj)
-            if initial_end and bookmarks:
-                await send("BOOKMARK", bookmark(start_rv, True))
-            deadline = loop.time() + timeout if timeout is not None else None
-            next_bookmark = loop.time() + self.bookmark_interval
-            closing = False
-            while True:
-                now = loop.time()
-                waits = []
-                if deadline is not None and not closing:
-                    waits.append(deadline - now)
-                if bookmarks and not closing:
-                    waits.append(next_bookmark - now)
-                wait = max(0.0, min(waits)) if waits else None
-                try:
-                    kind, obj = await asyncio.wait_for(watcher.queue.get(), wait)
-                except TimeoutError:
-                    now = loop.time()
-                    if deadline is not None and now >= deadline:
-                        if not bookmarks:
-                            break
-                        closing = True  # send a last bookmark, then end the stream
-                        self._request_bookmark(watcher)
-                    elif bookmarks and now >= next_bookmark:
-                        next_bookmark = now + self.bookmark_interval
-                        self._request_bookmark(watcher)
-                    continue
-                if kind == CLOSE:
-                    abrupt = bool(obj)
-                    break
-                if kind == BOOKMARK:
-                    await send("BOOKMARK", bookmark(int(obj)))
-                    if closing:
-                        break
-                    continue
-                await send(kind, obj)
-        except (ConnectionResetError, asyncio.CancelledError):
-            self.store.unwatch(watcher)
-            raise
-        finally:
-            self.store.unwatch(watcher)
-        if abrupt:
-            if request.transport is not None:
-                request.transport.abort()
-            return resp
-        with contextlib.suppress(ConnectionResetError):
-            await resp.write_eof()
-        return resp
-
-    def _request_bookmark(self, watcher: Watcher) -> None:
-        # Queued behind every event already pushed to this watch, so a client that resumes
-        # from the bookmark's resourceVersion misses nothing.
-        self.store.push_progress(watcher, BOOKMARK)
-
-
-class StatusNotFoundPath(st.StatusError):
-    def __init__(self) -> None:
-        super().__init__(404, "NotFound", "the server could not find the requested resource")

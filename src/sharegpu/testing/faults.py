@@ -56,6 +56,7 @@ class FaultRule:
     after_commit: bool = False  # apply the write, then answer the error (a lost response)
     times: int | None = None
     fired: int = 0
+    cut_watch: str | None = None  # "clean" or "abrupt": end a watch after an event it sent
 
     def matches(self, verb: str, resource: str) -> bool:
         if self.times is not None and self.fired >= self.times:
@@ -141,6 +142,45 @@ class Faults:
             self._rules.append(rule)
         return rule
 
+    def flaky_watches(
+        self,
+        rate: float,
+        *,
+        resources: str | Iterable[str] | None = None,
+        abrupt: bool = False,
+        times: int | None = None,
+    ) -> FaultRule:
+        """After each event a watch sends, end that watch with probability ``rate`` (cleanly,
+        as a server-side timeout does, or by cutting the connection when ``abrupt``)."""
+        if not 0.0 <= rate <= 1.0:
+            raise ValueError(f"rate={rate!r}: must be within [0, 1]")
+        rule = FaultRule(
+            frozenset({"watch"}),
+            _resources(resources),
+            rate,
+            None,
+            0.0,
+            False,
+            times,
+            cut_watch="abrupt" if abrupt else "clean",
+        )
+        with self._lock:
+            self._rules.append(rule)
+        return rule
+
+    def cut_after_event(self, resource: str) -> str | None:
+        """Whether a watch of ``resource`` ends after the event it just sent: None, "clean"
+        or "abrupt". Called by the server once per event sent."""
+        with self._lock:
+            for rule in self._rules:
+                if rule.cut_watch is None or not rule.matches("watch", resource):
+                    continue
+                if rule.rate < 1.0 and self._rng.random() >= rule.rate:
+                    continue
+                rule.fired += 1
+                return rule.cut_watch
+        return None
+
     def remove(self, rule: FaultRule) -> None:
         with self._lock:
             if rule in self._rules:
@@ -191,7 +231,7 @@ class Faults:
         d = Decision()
         with self._lock:
             for rule in self._rules:
-                if not rule.matches(verb, resource):
+                if rule.cut_watch is not None or not rule.matches(verb, resource):
                     continue
                 if rule.rate < 1.0 and self._rng.random() >= rule.rate:
                     continue

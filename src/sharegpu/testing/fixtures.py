@@ -8,6 +8,8 @@ Use from a test suite's ``conftest.py``::
 so sync and async tests alike can use it); ``fake_api_factory(**options)`` starts more, or
 with options (``history_size``, ``seed``, ``bookmark_interval``, ``watch_timeout``,
 ``graceful_pod_deletion``, ``strict_namespaces``). All are stopped at the end of the test.
+``fake_api_env`` is ``fake_api`` with ``$KUBECONFIG`` pointing at it for the test, for code
+that finds its cluster the default way (in-cluster, else ``$KUBECONFIG``).
 """
 
 from __future__ import annotations
@@ -37,3 +39,9 @@ def fake_api_factory() -> Iterator[Callable[..., FakeApiServer]]:
 @pytest.fixture
 def fake_api(fake_api_factory: Callable[..., FakeApiServer]) -> FakeApiServer:
     return fake_api_factory()
+
+
+@pytest.fixture
+def fake_api_env(fake_api: FakeApiServer, monkeypatch: pytest.MonkeyPatch) -> FakeApiServer:
+    monkeypatch.setenv("KUBECONFIG", str(fake_api.kubeconfig_path))
+    return fake_api

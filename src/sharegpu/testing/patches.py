@@ -16,8 +16,9 @@ the real server) from one that does not apply (422 on the real server).
 
 from __future__ import annotations
 
-import copy
 from typing import Any
+
+from .jsonobj import clone
 
 # Lists merged by key in a strategic merge patch, by field name (core/v1 patch strategies).
 MERGE_KEYS: dict[str, str] = {
@@ -52,8 +53,8 @@ class PatchError(ValueError):
 def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386 JSON merge patch; returns a new value, never mutates its arguments."""
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+        return clone(patch)
+    result = clone(target) if isinstance(target, dict) else {}
     for key, value in patch.items():
         if value is None:
             result.pop(key, None)
@@ -69,15 +70,15 @@ def strategic_merge_patch(target: Any, patch: Any) -> Any:
 
 def _smp(target: Any, patch: Any) -> Any:
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
+        return clone(patch)
     directive = patch.get("$patch")
     if directive == "replace":
-        return {k: copy.deepcopy(v) for k, v in patch.items() if k != "$patch"}
+        return {k: clone(v) for k, v in patch.items() if k != "$patch"}
     if directive == "delete":
         return None
     if directive not in (None, "merge"):
         raise PatchError(f"unknown patch directive $patch: {directive!r}", malformed=True)
-    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+    result = clone(target) if isinstance(target, dict) else {}
     deletions: dict[str, list[Any]] = {}
     for key, value in patch.items():
         if key == "$patch":
@@ -107,11 +108,11 @@ def _smp(target: Any, patch: Any) -> Any:
 
 
 def _merge_keyed_list(current: Any, patch: list[Any], merge_key: str) -> list[Any]:
-    out = [copy.deepcopy(e) for e in current] if isinstance(current, list) else []
+    out = [clone(e) for e in current] if isinstance(current, list) else []
     for element in patch:
         if not isinstance(element, dict) or merge_key not in element:
             if isinstance(element, dict) and element.get("$patch") == "replace":
-                return [copy.deepcopy(e) for e in patch if e.get("$patch") != "replace"]
+                return [clone(e) for e in patch if e.get("$patch") != "replace"]
             raise PatchError(
                 f"strategic merge patch: list elements need the merge key {merge_key!r}",
                 malformed=True,
@@ -219,7 +220,7 @@ def json_patch(doc: Any, operations: Any) -> Any:
     """Apply an RFC 6902 patch; atomic: the input is never modified."""
     if not isinstance(operations, list):
         raise PatchError("a JSON patch must be a list of operations", malformed=True)
-    doc = copy.deepcopy(doc)
+    doc = clone(doc)
     for n, op in enumerate(operations):
         if not isinstance(op, dict) or "op" not in op or "path" not in op:
             raise PatchError(f"operation {n}: needs 'op' and 'path'", malformed=True)
@@ -230,16 +231,16 @@ def json_patch(doc: Any, operations: Any) -> Any:
         if kind in ("move", "copy") and "from" not in op:
             raise PatchError(f"operation {n} ({kind}): missing 'from'", malformed=True)
         if kind == "add":
-            doc = _add(doc, path, copy.deepcopy(op["value"]))
+            doc = _add(doc, path, clone(op["value"]))
         elif kind == "remove":
             doc, _ = _remove(doc, path)
         elif kind == "replace":
             _get(doc, path)  # must exist
             if not _pointer(path):
-                doc = copy.deepcopy(op["value"])
+                doc = clone(op["value"])
             else:
                 doc, _ = _remove(doc, path)
-                doc = _add(doc, path, copy.deepcopy(op["value"]))
+                doc = _add(doc, path, clone(op["value"]))
         elif kind == "move":
             src = op["from"]
             if path != src and path.startswith(src + "/"):
@@ -247,7 +248,7 @@ def json_patch(doc: Any, operations: Any) -> Any:
             doc, value = _remove(doc, src)
             doc = _add(doc, path, value)
         elif kind == "copy":
-            doc = _add(doc, path, copy.deepcopy(_get(doc, op["from"])))
+            doc = _add(doc, path, clone(_get(doc, op["from"])))
         elif kind == "test":
             try:
                 have = _get(doc, path)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,15 @@ class ResourceType:
     short_names: tuple[str, ...] = ()
     singular: str = ""
     verbs: tuple[str, ...] = ALL_VERBS
+    # A view of another resource's storage (events.k8s.io/v1 events are core/v1 events):
+    # the key of the stored resource and the conversions to and from its form.
+    stored_as: str = ""
+    to_storage: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    from_storage: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+
+    @property
+    def storage_key(self) -> str:
+        return self.stored_as or self.key
 
     @property
     def api_version(self) -> str:
@@ -47,8 +56,12 @@ class ResourceType:
         base = {"metadata.name"} | ({"metadata.namespace"} if self.namespaced else set())
         return frozenset(base | set(self.field_labels))
 
+    def field_value(self, obj: Mapping[str, Any], field: str) -> str:
+        """The value of one field label (a selector's view of the stored object)."""
+        return dotted(obj, self.field_paths.get(field, field))
+
     def field_values(self, obj: Mapping[str, Any]) -> dict[str, str]:
-        return {f: dotted(obj, self.field_paths.get(f, f)) for f in self.supported_fields}
+        return {f: self.field_value(obj, f) for f in self.supported_fields}
 
 
 _EVENT_FIELDS = (
@@ -119,6 +132,7 @@ EVENT = ResourceType(
     True,
     create_on_update=True,
     field_labels=_EVENT_FIELDS,
+    field_paths={"source": "source.component"},
     short_names=("ev",),
     singular="event",
 )
@@ -127,6 +141,45 @@ CONFIGMAP = ResourceType(
 )
 BINDING = ResourceType("", "v1", "bindings", "Binding", True, singular="binding", verbs=("create",))
 LEASE = ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True, singular="lease")
+# events.k8s.io/v1 field names -> core/v1 field names (the upstream conversion).
+EVENTS_V1_TO_CORE = {
+    "regarding": "involvedObject",
+    "note": "message",
+    "reportingController": "reportingComponent",
+    "deprecatedSource": "source",
+    "deprecatedFirstTimestamp": "firstTimestamp",
+    "deprecatedLastTimestamp": "lastTimestamp",
+    "deprecatedCount": "count",
+}
+_CORE_TO_EVENTS_V1 = {v: k for k, v in EVENTS_V1_TO_CORE.items()}
+
+
+def _events_v1_to_core(obj: dict[str, Any]) -> dict[str, Any]:
+    out = {EVENTS_V1_TO_CORE.get(k, k): v for k, v in obj.items()}
+    out["apiVersion"] = "v1"
+    return out
+
+
+def _core_to_events_v1(obj: dict[str, Any]) -> dict[str, Any]:
+    out = {_CORE_TO_EVENTS_V1.get(k, k): v for k, v in obj.items()}
+    out["apiVersion"] = "events.k8s.io/v1"
+    out.setdefault("eventTime", None)  # never omitted upstream (a zero MicroTime is null)
+    return out
+
+
+_EVENTS_V1_FIELDS = {
+    "regarding.kind": "involvedObject.kind",
+    "regarding.namespace": "involvedObject.namespace",
+    "regarding.name": "involvedObject.name",
+    "regarding.uid": "involvedObject.uid",
+    "regarding.apiVersion": "involvedObject.apiVersion",
+    "regarding.resourceVersion": "involvedObject.resourceVersion",
+    "regarding.fieldPath": "involvedObject.fieldPath",
+    "reportingController": "reportingComponent",
+    "source": "source.component",
+    "reason": "reason",
+    "type": "type",
+}
 EVENTS_V1 = ResourceType(
     "events.k8s.io",
     "v1",
@@ -134,20 +187,13 @@ EVENTS_V1 = ResourceType(
     "Event",
     True,
     create_on_update=True,
-    field_labels=(
-        "regarding.kind",
-        "regarding.namespace",
-        "regarding.name",
-        "regarding.uid",
-        "regarding.apiVersion",
-        "regarding.resourceVersion",
-        "regarding.fieldPath",
-        "reason",
-        "reportingController",
-        "type",
-    ),
+    field_labels=tuple(_EVENTS_V1_FIELDS),
+    field_paths=_EVENTS_V1_FIELDS,
     short_names=("ev",),
     singular="event",
+    stored_as=EVENT.key,
+    to_storage=_events_v1_to_core,
+    from_storage=_core_to_events_v1,
 )
 
 RESOURCES: tuple[ResourceType, ...] = (
@@ -163,6 +209,8 @@ RESOURCES: tuple[ResourceType, ...] = (
 
 # Resources kept in the store (bindings are an action on pods, not stored objects).
 STORED: tuple[ResourceType, ...] = tuple(r for r in RESOURCES if r is not BINDING)
+# The resource whose form each storage key holds.
+STORAGE: dict[str, ResourceType] = {r.key: r for r in STORED if not r.stored_as}
 
 
 def by_group_version(group: str, version: str) -> dict[str, ResourceType]:

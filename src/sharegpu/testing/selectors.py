@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 _KEY_RE = re.compile(
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
@@ -148,6 +149,10 @@ def parse_label_selector(text: str | None) -> LabelSelector:
     return LabelSelector(tuple(reqs))
 
 
+class _HasFieldValue(Protocol):
+    def field_value(self, obj: Mapping[str, object], field: str) -> str: ...
+
+
 @dataclass(frozen=True)
 class FieldTerm:
     field: str
@@ -162,6 +167,14 @@ class FieldSelector:
     def matches(self, fields: Mapping[str, str]) -> bool:
         for t in self.terms:
             have = fields.get(t.field, "")
+            if (have == t.value) != (t.op == "="):
+                return False
+        return True
+
+    def matches_object(self, resource: _HasFieldValue, obj: Mapping[str, object]) -> bool:
+        """Match an object, reading only the fields the selector names."""
+        for t in self.terms:
+            have = resource.field_value(obj, t.field)
             if (have == t.value) != (t.op == "="):
                 return False
         return True

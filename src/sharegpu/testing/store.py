@@ -11,8 +11,9 @@ Semantics follow the real kube-apiserver where clients can observe them:
   a write that changes nothing is a no-op (no new resourceVersion, no watch event);
 - create answers 409 AlreadyExists; update with a stale ``metadata.resourceVersion`` (or a
   different ``metadata.uid``) answers 409 Conflict;
-- resources with a status subresource keep ``status`` on writes to the main resource and only
-  take ``status`` through ``/status``; ``metadata.generation`` moves on spec changes;
+- resources with a status subresource keep ``status`` on writes to the main resource; writes
+  through ``/status`` keep ``spec`` and ``ownerReferences`` (labels, annotations and status may
+  change, as pods/status and nodes/status allow); ``metadata.generation`` moves on spec changes;
 - pods: create resets status to ``Pending``, fills a few spec defaults, checks containers;
   updates may not change ``spec`` beyond the fields the real server allows (``spec.nodeName``
   only through ``pods/binding``);
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import copy
 import json
 import random
 import re
@@ -40,8 +40,21 @@ from datetime import UTC, datetime
 from typing import Any
 
 from . import status as st
-from .resources import NAMESPACE, POD, STORED, ResourceType
+from .jsonobj import clone, same_content
+from .resources import EVENT, EVENTS_V1, LEASE, NAMESPACE, NODE, POD, STORAGE, ResourceType
 from .selectors import FieldSelector, LabelSelector
+from .validation import (
+    default_pod_resources,
+    pod_spec_update_causes,
+    qos_class,
+    validate_event,
+    validate_event_v1_create,
+    validate_lease,
+    validate_metadata,
+    validate_node_resources,
+    validate_pod_containers,
+    validate_pod_resources,
+)
 
 Obj = dict[str, Any]
 Key = tuple[str, str]  # (namespace or "", name)
@@ -54,12 +67,6 @@ _CONTINUE_TOO_OLD = (
     "response to retrieve the remainder of the results. Continuing with the provided token "
     "results in an inconsistent list - objects that were created, modified, or deleted between "
     "the time the first chunk was returned and now may show up in the list."
-)
-_POD_UPDATE_FORBIDDEN = (
-    "Forbidden: pod updates may not change fields other than `spec.containers[*].image`,"
-    "`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only "
-    "additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be "
-    "set to 1 if it was previously negative)"
 )
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 
@@ -79,6 +86,24 @@ def meta(obj: Obj) -> dict[str, Any]:
     return m
 
 
+def view(rtype: ResourceType, obj: Obj, *, share: bool = False) -> Obj:
+    """A copy of a stored object as ``rtype`` presents it (events.k8s.io/v1 events are stored
+    as core/v1 events). ``share`` returns the stored object itself when no conversion is needed:
+    stored objects are never changed in place, so watches may serialize them as they are."""
+    if share and rtype.from_storage is None:
+        return obj
+    out = clone(obj)
+    if rtype.from_storage is not None:
+        out = rtype.from_storage(out)
+    out["kind"] = rtype.kind
+    out["apiVersion"] = rtype.api_version
+    return out
+
+
+def to_storage(rtype: ResourceType, obj: Obj) -> Obj:
+    return rtype.to_storage(obj) if rtype.to_storage is not None else obj
+
+
 def key_of(obj: Obj) -> Key:
     m = obj.get("metadata") or {}
     return (m.get("namespace") or "", m.get("name") or "")
@@ -94,6 +119,14 @@ class Change:
 
 
 CLOSE = "__CLOSE__"
+
+
+@dataclass(frozen=True)
+class OpenedWatch:
+    watcher: Watcher
+    backlog: list[tuple[str, Obj]]
+    resource_version: int
+    initial_events: bool
 
 
 class Watcher:
@@ -121,29 +154,31 @@ class Watcher:
         m = obj.get("metadata") or {}
         if self.namespace is not None and (m.get("namespace") or "") != self.namespace:
             return False
-        return self.labels.matches(m.get("labels")) and self.fields.matches(
-            self.rtype.field_values(obj)
-        )
+        return self.labels.matches(m.get("labels")) and self.fields.matches_object(self.rtype, obj)
 
     def convert(self, change: Change) -> tuple[str, Obj] | None:
         """The event this watch sees for a change: an object that stops matching a selector
         is DELETED for this watch, one that starts matching is ADDED (as the watch cache does)."""
-        if change.resource != self.rtype.key:
+        if change.resource != self.rtype.storage_key:
             return None
+        rtype = self.rtype
         if change.type == "DELETED":
-            return ("DELETED", change.obj) if self.passes(change.obj) else None
+            if not self.passes(change.obj):
+                return None
+            return ("DELETED", view(rtype, change.obj, share=True))
         now_p = self.passes(change.obj)
         if change.type == "ADDED":
-            return ("ADDED", change.obj) if now_p else None
+            return ("ADDED", view(rtype, change.obj, share=True)) if now_p else None
         old_p = self.passes(change.old)
         if now_p and old_p:
-            return ("MODIFIED", change.obj)
+            return ("MODIFIED", view(rtype, change.obj, share=True))
         if now_p:
-            return ("ADDED", change.obj)
+            return ("ADDED", view(rtype, change.obj, share=True))
         if old_p and change.old is not None:
-            gone = copy.deepcopy(change.old)
-            meta(gone)["resourceVersion"] = str(change.rv)
-            return ("DELETED", gone)
+            # the previous state, carrying this change's resourceVersion (as the watch cache)
+            gone = dict(change.old)
+            gone["metadata"] = {**change.old["metadata"], "resourceVersion": str(change.rv)}
+            return ("DELETED", view(rtype, gone, share=True))
         return None
 
     def push(self, item: tuple[str, Any]) -> None:
@@ -172,14 +207,6 @@ def _decode_continue(token: str) -> tuple[int, Key]:
         raise st.bad_request(f"continue key is not valid: {e}") from None
 
 
-def _strip_for_compare(obj: Obj) -> Obj:
-    o = copy.deepcopy(obj)
-    m = o.get("metadata") or {}
-    m.pop("resourceVersion", None)
-    m.pop("managedFields", None)
-    return o
-
-
 class Store:
     def __init__(
         self,
@@ -192,7 +219,7 @@ class Store:
     ) -> None:
         self._lock = threading.RLock()
         self._rv = 0
-        self._objects: dict[str, dict[Key, Obj]] = {r.key: {} for r in STORED}
+        self._objects: dict[str, dict[Key, Obj]] = {key: {} for key in STORAGE}
         self._history: deque[Change] = deque()
         self.history_size = history_size
         self._compacted_rv = 0  # changes at or below this resourceVersion are forgotten
@@ -217,23 +244,26 @@ class Store:
         with self._lock:
             return self._compacted_rv
 
+    def _table(self, rtype: ResourceType) -> dict[Key, Obj]:
+        return self._objects[rtype.storage_key]
+
     def get(self, rtype: ResourceType, namespace: str | None, name: str) -> Obj:
         with self._lock:
-            obj = self._objects[rtype.key].get((namespace or "", name))
+            obj = self._table(rtype).get((namespace or "", name))
             if obj is None:
                 raise st.not_found(rtype.plural, name, rtype.group)
-            return copy.deepcopy(obj)
+            return view(rtype, obj)
 
     def find(self, rtype: ResourceType, namespace: str | None, name: str) -> Obj | None:
         with self._lock:
-            obj = self._objects[rtype.key].get((namespace or "", name))
-            return copy.deepcopy(obj) if obj is not None else None
+            obj = self._table(rtype).get((namespace or "", name))
+            return view(rtype, obj) if obj is not None else None
 
     def all(self, rtype: ResourceType, namespace: str | None = None) -> list[Obj]:
         with self._lock:
             items = [
-                copy.deepcopy(o)
-                for (ns, _), o in sorted(self._objects[rtype.key].items())
+                view(rtype, o)
+                for (ns, _), o in sorted(self._table(rtype).items())
                 if namespace is None or ns == namespace
             ]
         return items
@@ -249,16 +279,17 @@ class Store:
 
     def _commit(self, rtype: ResourceType, kind: str, new: Obj, old: Obj | None) -> Obj:
         self._rv += 1
-        new = copy.deepcopy(new)
-        new["kind"] = rtype.kind
-        new["apiVersion"] = rtype.api_version
+        storage = STORAGE[rtype.storage_key]
+        new = clone(new)
+        new["kind"] = storage.kind
+        new["apiVersion"] = storage.api_version
         meta(new)["resourceVersion"] = str(self._rv)
-        table = self._objects[rtype.key]
+        table = self._table(rtype)
         if kind == "DELETED":
             table.pop(key_of(new), None)
         else:
             table[key_of(new)] = new
-        change = Change(self._rv, rtype.key, kind, new, old)
+        change = Change(self._rv, storage.key, kind, new, old)
         self._history.append(change)
         while len(self._history) > self.history_size:
             self._compacted_rv = self._history.popleft().rv
@@ -269,12 +300,12 @@ class Store:
             ev = w.convert(change)
             if ev is not None:
                 w.push(ev)
-        return copy.deepcopy(new)
+        return view(rtype, new)
 
     def seed(self, rtype: ResourceType, obj: Obj) -> Obj:
         """Store an object as given (no API defaulting or validation), creating or replacing it;
         fills name-independent metadata (uid, creationTimestamp, generation) when missing."""
-        new = copy.deepcopy(obj)
+        new = to_storage(rtype, clone(obj))
         m = meta(new)
         if not m.get("name"):
             raise ValueError("seeded objects need metadata.name")
@@ -283,7 +314,7 @@ class Store:
         else:
             m.pop("namespace", None)
         with self._lock:
-            old = self._objects[rtype.key].get(key_of(new))
+            old = self._table(rtype).get(key_of(new))
             if old is not None:
                 om = old["metadata"]
                 m.setdefault("uid", om.get("uid"))
@@ -297,7 +328,7 @@ class Store:
     def remove(self, rtype: ResourceType, namespace: str | None, name: str) -> Obj:
         """Delete an object at once, ignoring finalizers and grace periods."""
         with self._lock:
-            old = self._objects[rtype.key].get((namespace or "", name))
+            old = self._table(rtype).get((namespace or "", name))
             if old is None:
                 raise st.not_found(rtype.plural, name, rtype.group)
             return self._commit(rtype, "DELETED", old, old)
@@ -339,50 +370,23 @@ class Store:
             raise st.not_found("namespaces", namespace)
 
     @staticmethod
-    def _validate_pod(pod: Obj) -> None:
-        name = meta(pod).get("name", "")
-        spec = pod.get("spec")
-        containers = spec.get("containers") if isinstance(spec, dict) else None
-        if not isinstance(containers, list) or not containers:
-            raise st.invalid("Pod", name, [("spec.containers", "Required value")])
-        for i, c in enumerate(containers):
-            if not isinstance(c, dict) or not c.get("name"):
-                raise st.invalid("Pod", name, [(f"spec.containers[{i}].name", "Required value")])
-            if not c.get("image"):
-                raise st.invalid("Pod", name, [(f"spec.containers[{i}].image", "Required value")])
-
-    @staticmethod
-    def _pod_spec_frozen(spec: Any) -> Any:
-        s = copy.deepcopy(spec) if isinstance(spec, dict) else {}
-        for field in (
-            "activeDeadlineSeconds",
-            "tolerations",
-            "terminationGracePeriodSeconds",
-            "schedulingGates",
-        ):
-            s.pop(field, None)
-        for group in ("containers", "initContainers"):
-            for c in s.get(group) or []:
-                if isinstance(c, dict):
-                    c.pop("image", None)
-        return s
-
-    @staticmethod
-    def _qos_class(pod: Obj) -> str:
-        containers = (pod.get("spec") or {}).get("containers") or []
-        any_set = False
-        guaranteed = True
-        for c in containers:
-            res = c.get("resources") or {}
-            req, lim = res.get("requests") or {}, res.get("limits") or {}
-            if req or lim:
-                any_set = True
-            for r in ("cpu", "memory"):
-                if r not in lim or req.get(r, lim[r]) != lim[r]:
-                    guaranteed = False
-        if not any_set:
-            return "BestEffort"
-        return "Guaranteed" if guaranteed else "Burstable"
+    def _validate(rtype: ResourceType, obj: Obj, *, creating: bool) -> None:
+        """The rules the real server checks on every create and update of these objects
+        (see :mod:`sharegpu.testing.validation`); pods get requests defaulted on create."""
+        causes = validate_metadata(meta(obj))
+        if rtype is POD:
+            if creating:
+                causes += validate_pod_containers(obj)
+                default_pod_resources(obj)
+            causes += validate_pod_resources(obj)
+        elif rtype is NODE:
+            causes += validate_node_resources(obj)
+        elif rtype is EVENT and creating:
+            causes += validate_event(obj)
+        elif rtype is LEASE:
+            causes += validate_lease(obj)
+        if causes:
+            raise st.invalid(rtype.kind, meta(obj).get("name", ""), causes, rtype.group)
 
     # ------------------------------------------------------------------ create
 
@@ -392,7 +396,9 @@ class Store:
         if not isinstance(body, dict):
             raise st.bad_request("the request body must be a JSON object")
         self._check_kind(rtype, body)
-        obj = copy.deepcopy(body)
+        if rtype is EVENTS_V1 and (causes := validate_event_v1_create(body)):
+            raise st.invalid("Event", meta(body).get("name", ""), causes, "events.k8s.io")
+        obj = to_storage(rtype, clone(body))
         m = meta(obj)
         if rtype.namespaced:
             ns = namespace or m.get("namespace") or "default"
@@ -415,7 +421,7 @@ class Store:
                 m["name"] = prefix + "".join(self._rng.choice(alphabet) for _ in range(5))
             self._check_name(rtype, m["name"])
             self._check_namespace_exists(rtype, m.get("namespace", ""))
-            if key_of(obj) in self._objects[rtype.key]:
+            if key_of(obj) in self._table(rtype):
                 raise st.already_exists(rtype.plural, m["name"], rtype.group)
             for k in (
                 "resourceVersion",
@@ -427,21 +433,19 @@ class Store:
             m["uid"] = self._uid()
             m["creationTimestamp"] = now_rfc3339(self.clock)
             m["generation"] = 1
+            self._validate(rtype, obj, creating=True)
             if rtype is POD:
-                self._validate_pod(obj)
                 spec = obj["spec"]
                 spec.setdefault("schedulerName", "default-scheduler")
                 spec.setdefault("restartPolicy", "Always")
                 spec.setdefault("terminationGracePeriodSeconds", 30)
                 spec.setdefault("dnsPolicy", "ClusterFirst")
                 spec.setdefault("priority", 0)
-                obj["status"] = {"phase": "Pending", "qosClass": self._qos_class(obj)}
+                obj["status"] = {"phase": "Pending", "qosClass": qos_class(obj)}
             elif rtype is NAMESPACE:
                 obj["status"] = {"phase": "Active"}
             if dry_run:
-                out = copy.deepcopy(obj)
-                out["kind"], out["apiVersion"] = rtype.kind, rtype.api_version
-                return out
+                return view(rtype, obj)
             return self._commit(rtype, "ADDED", obj, None)
 
     # ------------------------------------------------------------------ update / patch
@@ -460,9 +464,9 @@ class Store:
         """Read-modify-write under the lock: ``mutate`` gets a copy of the stored object (or None
         when missing and ``create_missing``) and returns the desired object. Returns the stored
         result and whether it was created."""
-        ns = namespace or "" if rtype.namespaced else ""
+        ns = (namespace or "") if rtype.namespaced else ""
         with self._lock:
-            cur = self._objects[rtype.key].get((ns, name))
+            cur = self._table(rtype).get((ns, name))
             if cur is None:
                 if not (create_missing or rtype.create_on_update) or subresource:
                     raise st.not_found(rtype.plural, name, rtype.group)
@@ -471,14 +475,15 @@ class Store:
                 if meta(body)["name"] != name:
                     raise st.name_mismatch(meta(body)["name"], name)
                 return self.create(rtype, ns or None, body, dry_run=dry_run), True
-            new = mutate(copy.deepcopy(cur))
+            new = mutate(view(rtype, cur))
             if not isinstance(new, dict):
                 raise st.bad_request("the request body must be a JSON object")
-            result = self._prepare_update(rtype, cur, new, subresource)
-            if _strip_for_compare(result) == _strip_for_compare(cur):
-                return copy.deepcopy(cur), False  # no-op: no new resourceVersion, no event
+            self._check_kind(rtype, new)
+            result = self._prepare_update(rtype, cur, to_storage(rtype, new), subresource)
+            if same_content(result, cur):
+                return view(rtype, cur), False  # no-op: no new resourceVersion, no event
             if dry_run:
-                return result, False
+                return view(rtype, result), False
             rm = meta(result)
             if (
                 rm.get("deletionTimestamp")
@@ -495,7 +500,6 @@ class Store:
     def _prepare_update(
         self, rtype: ResourceType, cur: Obj, new: Obj, subresource: str | None
     ) -> Obj:
-        self._check_kind(rtype, new)
         cm, nm = cur["metadata"], meta(new)
         name = cm["name"]
         if nm.get("name") and nm["name"] != name:
@@ -507,23 +511,30 @@ class Store:
             raise st.conflict(rtype.plural, name, group=rtype.group)
         if nm.get("uid") and nm["uid"] != cm["uid"]:
             raise st.uid_precondition(rtype.plural, name, nm["uid"], cm["uid"], rtype.group)
+        result = clone(new)
         if subresource == "status":
-            result = copy.deepcopy(cur)
-            if "status" in new:
-                result["status"] = copy.deepcopy(new["status"])
+            # As pods/status and nodes/status: spec and ownerReferences stay as stored;
+            # status, labels, annotations and finalizers may change.
+            for part in ("spec",):
+                if part in cur:
+                    result[part] = clone(cur[part])
+                else:
+                    result.pop(part, None)
+            if "ownerReferences" in cm:
+                meta(result)["ownerReferences"] = clone(cm["ownerReferences"])
             else:
-                result.pop("status", None)
-            return result
-        result = copy.deepcopy(new)
-        if rtype.status_subresource:
+                meta(result).pop("ownerReferences", None)
+        elif rtype.status_subresource:
             if "status" in cur:
-                result["status"] = copy.deepcopy(cur["status"])
+                result["status"] = clone(cur["status"])
             else:
                 result.pop("status", None)
-        if rtype is POD and self._pod_spec_frozen(result.get("spec")) != self._pod_spec_frozen(
-            cur.get("spec")
+        if (
+            rtype is POD
+            and subresource is None
+            and (causes := pod_spec_update_causes(cur.get("spec"), result.get("spec")))
         ):
-            raise st.invalid("Pod", name, [("spec", _POD_UPDATE_FORBIDDEN)])
+            raise st.invalid("Pod", name, causes)
         rm = meta(result)
         for k in (
             "uid",
@@ -551,9 +562,12 @@ class Store:
                 ],
                 rtype.group,
             )
+        self._validate(rtype, result, creating=False)
         gen = int(cm.get("generation") or 1)
         rm["generation"] = gen + 1 if result.get("spec") != cur.get("spec") else gen
         rm["resourceVersion"] = cm["resourceVersion"]
+        storage = STORAGE[rtype.storage_key]
+        result["kind"], result["apiVersion"] = storage.kind, storage.api_version
         return result
 
     # ------------------------------------------------------------------ binding
@@ -595,7 +609,7 @@ class Store:
                 raise st.conflict(
                     "pods/binding", name, f'pod {name} is already assigned to node "{node}"'
                 )
-            pod = copy.deepcopy(cur)
+            pod = clone(cur)
             pod.setdefault("spec", {})["nodeName"] = target["name"]
             if bm.get("annotations"):
                 meta(pod).setdefault("annotations", {}).update(bm["annotations"])
@@ -630,9 +644,9 @@ class Store:
     ) -> tuple[Obj, bool]:
         """DELETE: returns (object, deleted now). Finalizers (and, with graceful pod deletion, a
         bound pod's grace period) only mark the object with a deletionTimestamp."""
-        ns = namespace or "" if rtype.namespaced else ""
+        ns = (namespace or "") if rtype.namespaced else ""
         with self._lock:
-            cur = self._objects[rtype.key].get((ns, name))
+            cur = self._table(rtype).get((ns, name))
             if cur is None:
                 raise st.not_found(rtype.plural, name, rtype.group)
             cm = cur["metadata"]
@@ -659,30 +673,30 @@ class Store:
                 grace = int(grace_period if grace_period is not None else default)
             if not cm.get("finalizers") and grace == 0:
                 if dry_run:
-                    return copy.deepcopy(cur), True
+                    return view(rtype, cur), True
                 return self._commit(rtype, "DELETED", cur, cur), True
             if (
                 cm.get("deletionTimestamp")
                 and int(cm.get("deletionGracePeriodSeconds") or 0) <= grace
             ):
-                return copy.deepcopy(cur), False  # already being deleted, no shorter grace asked
-            marked = copy.deepcopy(cur)
+                return view(rtype, cur), False  # already being deleted, no shorter grace asked
+            marked = clone(cur)
             mm = marked["metadata"]
             mm["deletionTimestamp"] = now_rfc3339(lambda: self.clock() + grace)
             mm["deletionGracePeriodSeconds"] = grace
             if dry_run:
-                return marked, False
+                return view(rtype, marked), False
             return self._commit(rtype, "MODIFIED", marked, cur), False
 
     # ------------------------------------------------------------------ list
 
     def _snapshot(self, rtype: ResourceType, rv: int) -> dict[Key, Obj]:
         """The objects of one resource as they were at ``rv`` (rv within the history window)."""
-        objs = dict(self._objects[rtype.key])
+        objs = dict(self._table(rtype))
         for change in reversed(self._history):
             if change.rv <= rv:
                 break
-            if change.resource != rtype.key:
+            if change.resource != rtype.storage_key:
                 continue
             k = key_of(change.obj)
             if change.type == "ADDED":
@@ -724,22 +738,20 @@ class Store:
                     snap_rv = self._rv
             else:
                 snap_rv = self._rv
-            objs = (
-                self._snapshot(rtype, snap_rv) if snap_rv != self._rv else self._objects[rtype.key]
-            )
+            objs = self._snapshot(rtype, snap_rv) if snap_rv != self._rv else self._table(rtype)
             keys = sorted(
                 k
                 for k, o in objs.items()
                 if (namespace is None or k[0] == namespace)
                 and labels.matches((o.get("metadata") or {}).get("labels"))
-                and fields.matches(rtype.field_values(o))
+                and fields.matches_object(rtype, o)
             )
             if start_after is not None:
                 keys = [k for k in keys if k > start_after]
             page = keys if not limit or limit <= 0 else keys[:limit]
             items = []
             for k in page:
-                item = copy.deepcopy(objs[k])
+                item = view(rtype, objs[k])
                 item.pop("kind", None)
                 item.pop("apiVersion", None)
                 items.append(item)
@@ -764,10 +776,10 @@ class Store:
         with self._lock:
             return sorted(
                 k
-                for k, o in self._objects[rtype.key].items()
+                for k, o in self._table(rtype).items()
                 if (namespace is None or k[0] == namespace)
                 and labels.matches((o.get("metadata") or {}).get("labels"))
-                and fields.matches(rtype.field_values(o))
+                and fields.matches_object(rtype, o)
             )
 
     # ------------------------------------------------------------------ watch
@@ -782,10 +794,10 @@ class Store:
         *,
         resource_version: str | None = None,
         send_initial_events: bool | None = None,
-    ) -> tuple[Watcher, list[tuple[str, Obj]], bool]:
-        """Open a watch: returns the watcher, the events it must send first, and whether those
-        are the initial state (then followed by a bookmark marking their end, if asked).
-        Raises 410 Expired for a resourceVersion older than the history window."""
+    ) -> OpenedWatch:
+        """Open a watch: the watcher, the events it must send first, the resourceVersion they
+        bring the client to, and whether they are the initial state asked for with
+        sendInitialEvents. Raises 410 Expired for a resourceVersion older than the history."""
         w = Watcher(rtype, namespace, labels, fields, loop)
         with self._lock:
             initial = send_initial_events or resource_version in (None, "", "0")
@@ -793,10 +805,10 @@ class Store:
                 initial = False
             backlog: list[tuple[str, Obj]] = []
             if initial:
-                for k in sorted(self._objects[rtype.key]):
-                    obj = self._objects[rtype.key][k]
+                for k in sorted(self._table(rtype)):
+                    obj = self._table(rtype)[k]
                     if w.passes(obj):
-                        backlog.append(("ADDED", copy.deepcopy(obj)))
+                        backlog.append(("ADDED", view(rtype, obj, share=True)))
             if resource_version not in (None, "", "0"):
                 try:
                     since = int(str(resource_version))
@@ -813,7 +825,7 @@ class Store:
                             if ev is not None:
                                 backlog.append(ev)
             self._watchers.add(w)
-        return w, backlog, bool(initial and send_initial_events)
+            return OpenedWatch(w, backlog, self._rv, bool(initial and send_initial_events))
 
     def push_progress(self, w: Watcher, marker: str) -> None:
         """Queue ``(marker, current resourceVersion)`` behind every event already pushed to

@@ -1,0 +1,375 @@
+"""Allocate: which pod container a kubelet request belongs to, and what that container gets.
+
+The kubelet's Allocate names devices, never the pod. The scheduler recorded its decision on the
+pod (annotations, per container), so the agent maps each ``ContainerAllocateRequest`` to the
+pending (not yet assigned) pod container on this node whose recorded GPUs match the request:
+
+1. a request's *signature* is what it holds on each GPU — GiB per GPU for ``gpu-mem``, percent per
+   GPU for ``gpu-core.percentage``, one per card for whole cards — read from the device IDs;
+2. a candidate matches exactly when its recorded signature equals the request's (the kubelet
+   takes the devices :meth:`Allocator.preferred` steered it to), otherwise when the totals agree
+   (the fake devices only count: the GPUs come from the annotation);
+3. among matches: first the other half of a container already matched by the other resource
+   (a ``core_mem`` container is allocated once for memory and once for compute), then the next
+   container of a pod already partly handed out (the kubelet allocates a pod's containers in
+   order), then the earliest assume-time; ties by namespace/name and container index;
+4. all of this under one lock, with a ledger of what was handed out, so concurrent calls never
+   hand the same pod container out twice.
+
+Whole-card resources whose pod carries no decision (a plain ``nvidia.com/gpu`` pod) get the
+cards the kubelet chose. A shared request that matches no pending pod fails the container with a
+reason; no container is ever given a ``NVIDIA_VISIBLE_DEVICES`` that names no GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import names
+from ..annotations import assume_time, decode, is_assigned
+from ..errors import ShareGpuError, ValidationError
+from ..pods import is_terminated
+from ..request import Kind, parse_pod
+from .devices import DeviceMap
+from .isolation import Backend, ContainerEnv, IsolationConfig, disabled, isolation_env
+
+log = logging.getLogger(__name__)
+
+WHOLE_RESOURCES = frozenset({names.RES_NVIDIA_GPU, names.RES_TOPOLOGY_GPU})
+ANN_GRANT = "sharegpu.io/allocated-to"  # container annotation in the Allocate response
+
+
+class AllocationError(ShareGpuError):
+    """A container cannot be given devices; the message is the reason the kubelet reports."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One GPU container of a pending pod on this node, as the scheduler recorded it."""
+
+    namespace: str
+    name: str
+    uid: str
+    container: int
+    container_name: str
+    mem: Mapping[int, int]  # GPU index -> GiB (whole cards: the card's GiB)
+    core: Mapping[int, int]  # GPU index -> percent
+    whole: bool
+    pod_total_mem: int
+    assume_time: int
+    required: frozenset[str] = frozenset()  # resources the kubelet allocates for it
+    container_spec: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.uid or f"{self.namespace}/{self.name}", self.container)
+
+    @property
+    def pod_key(self) -> str:
+        return self.uid or f"{self.namespace}/{self.name}"
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}/{self.container_name or self.container}"
+
+    def signature(self, resource: str) -> dict[int, int]:
+        if resource in WHOLE_RESOURCES or resource == names.RES_GPU_COUNT:
+            return {g: 1 for g in self.mem}
+        if resource == names.RES_GPU_CORE:
+            return {g: v for g, v in self.core.items() if v}
+        return dict(self.mem)
+
+    def order(self) -> tuple[int, str, str, int]:
+        return (self.assume_time, self.namespace, self.name, self.container)
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What one container gets."""
+
+    candidate: Candidate | None  # None: whole cards the kubelet chose, no scheduler decision
+    gpus: tuple[int, ...]
+    uuids: tuple[str, ...]
+    env: ContainerEnv
+    annotations: dict[str, str]
+
+
+def pending_candidates(pods: Iterable[Mapping[str, Any]], node: str) -> list[Candidate]:
+    """Every GPU container of every pod bound to ``node`` whose decision is recorded but not yet
+    assigned. A pod with a malformed spec or annotation is skipped (logged), never fatal."""
+    out: list[Candidate] = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        spec = pod.get("spec") or {}
+        if spec.get("nodeName") != node or is_terminated(pod):
+            continue
+        ann = meta.get("annotations") or {}
+        if is_assigned(ann):
+            continue
+        try:
+            alloc = decode(ann)
+            if alloc is None:
+                continue
+            req = parse_pod(pod)
+        except ValidationError as e:
+            log.warning("pod %s/%s skipped: %s", meta.get("namespace"), meta.get("name"), e)
+            continue
+        mem = {int(c): dict(gs) for c, gs in alloc.mem.items()}
+        containers = {c.index: c for c in req.containers}
+        # A first-generation annotation records the pod, not its containers: split it over the
+        # GPU containers by their requests when the pod sits on one GPU.
+        if set(mem) == {0} and (len(containers) > 1 or 0 not in containers):
+            gpus = list(mem[0])
+            if len(gpus) == 1:
+                mem = {i: {gpus[0]: c.total_mem} for i, c in containers.items()}
+        total = sum(v for gs in mem.values() for v in gs.values())
+        specs = spec.get("containers") or []
+        for c, gs in sorted(mem.items()):
+            if not gs:
+                continue
+            cspec = specs[c] if 0 <= c < len(specs) and isinstance(specs[c], Mapping) else {}
+            out.append(
+                Candidate(
+                    namespace=str(meta.get("namespace") or "default"),
+                    name=str(meta.get("name") or ""),
+                    uid=str(meta.get("uid") or ""),
+                    container=c,
+                    container_name=str(cspec.get("name") or ""),
+                    mem=gs,
+                    core=dict(alloc.core.get(c, {})),
+                    whole=req.kind in (Kind.EXCLUSIVE, Kind.TOPOLOGY),
+                    pod_total_mem=total,
+                    assume_time=assume_time(ann),
+                    required=_required(req.kind, bool(alloc.core.get(c))),
+                    container_spec=cspec,
+                )
+            )
+    return out
+
+
+class Ledger:
+    """What was handed out: (pod, container) → resources already allocated for it, and the pods
+    fully handed out (excluded from matching until ``done_memory_s`` passed, so a pod list read
+    before the pod was marked assigned cannot hand it out again)."""
+
+    def __init__(self, done_memory_s: float = 600.0) -> None:
+        self._given: dict[tuple[str, int], set[str]] = {}
+        self._since: dict[str, float] = {}  # pod -> when its first container was handed out
+        self._done: dict[str, float] = {}
+        self.done_memory_s = done_memory_s
+
+    def has(self, c: Candidate, resource: str) -> bool:
+        return c.pod_key in self._done or resource in self._given.get(c.key, set())
+
+    def finish(self, pod_key: str, now: float) -> None:
+        """The pod is fully handed out: forget its containers, remember the pod."""
+        self._done[pod_key] = now
+        self._since.pop(pod_key, None)
+        for k in [k for k in self._given if k[0] == pod_key]:
+            del self._given[k]
+        for k in [k for k, t in self._done.items() if now - t > self.done_memory_s]:
+            del self._done[k]
+
+    def is_done(self, pod_key: str) -> bool:
+        return pod_key in self._done
+
+    def resources(self, c: Candidate) -> set[str]:
+        return self._given.get(c.key, set())
+
+    def pod_started(self, c: Candidate) -> bool:
+        return any(k[0] == c.pod_key for k in self._given)
+
+    def record(self, c: Candidate, resource: str, now: float) -> None:
+        self._given.setdefault(c.key, set()).add(resource)
+        self._since.setdefault(c.pod_key, now)
+
+    def prune(self, present: set[str], now: float) -> None:
+        """Forget partly handed-out pods that left the node long ago (deleted mid-start)."""
+        old = [p for p, t in self._since.items()
+               if p not in present and now - t > self.done_memory_s]
+        for p in old:
+            del self._since[p]
+            for k in [k for k in self._given if k[0] == p]:
+                del self._given[k]
+
+    def pod_done(self, candidates: Sequence[Candidate], pod_key: str) -> bool:
+        """Whether every GPU container of the pod has had all its resources handed out."""
+        mine = [c for c in candidates if c.pod_key == pod_key]
+        return bool(mine) and all(c.required <= self.resources(c) for c in mine)
+
+
+
+class Allocator:
+    """Pure allocation logic for one node. Thread-safe: one lock around match-and-record."""
+
+    def __init__(
+        self, node: str, devices: DeviceMap, *, isolation: IsolationConfig | None = None
+    ) -> None:
+        self.node = node
+        self.devices = devices
+        self.isolation = isolation or IsolationConfig()
+        self.ledger = Ledger()
+        self._lock = threading.Lock()
+
+    # --- matching ---
+    def _match(
+        self, candidates: Sequence[Candidate], resource: str, want: Mapping[int, int]
+    ) -> Candidate | None:
+        free = [c for c in candidates if not self.ledger.has(c, resource)]
+        if resource in WHOLE_RESOURCES:
+            free = [c for c in free if c.whole]
+        elif resource in (names.RES_GPU_MEM, names.RES_GPU_CORE):
+            free = [c for c in free if not c.whole]
+        exact = [c for c in free if c.signature(resource) == dict(want)]
+        pool = exact
+        if not pool:
+            total = sum(want.values())
+            pool = [
+                c for c in free
+                if sum(c.signature(resource).values()) == total
+                and len(c.signature(resource)) == len(want)
+            ]
+        return min(pool, key=self._rank) if pool else None
+
+    def _rank(self, c: Candidate) -> tuple[int, int, tuple[int, str, str, int]]:
+        """Order among equal matches: the other half of a container already matched for another
+        resource, then the next container of a pod already partly handed out, then assume-time."""
+        other_half = 0 if self.ledger.resources(c) else 1
+        same_pod = 0 if self.ledger.pod_started(c) else 1
+        return (other_half, same_pod, c.order())
+
+    def preferred(
+        self,
+        resource: str,
+        candidates: Sequence[Candidate],
+        available: Sequence[str],
+        must_include: Sequence[str],
+        size: int,
+    ) -> list[str]:
+        """Devices to steer the kubelet to: those on the GPUs the scheduler chose for the pod
+        container this request most likely belongs to; the kubelet's own order otherwise."""
+        fallback = list(must_include) + [d for d in available if d not in set(must_include)]
+        fallback = fallback[:size]
+        with self._lock:
+            pool = [
+                c for c in candidates
+                if not self.ledger.has(c, resource)
+                and sum(c.signature(resource).values()) == size
+                and (c.whole == (resource in WHOLE_RESOURCES) or resource == names.RES_GPU_COUNT)
+            ]
+            pool.sort(key=self._rank)
+        for c in pool:
+            try:
+                picked = self.devices.pick(available, must_include, c.signature(resource))
+            except ValidationError:
+                picked = None
+            if picked is not None:
+                return picked
+        return fallback
+
+    def allocate(
+        self,
+        resource: str,
+        device_ids: Sequence[str],
+        candidates: Sequence[Candidate],
+        *,
+        backend: Backend,
+        node_labels: Mapping[str, str],
+    ) -> tuple[Grant, bool]:
+        """The grant for one container request, and whether its pod is now fully handed out
+        (time to mark it assigned). Raises :class:`AllocationError` with the reason."""
+        if not device_ids:
+            raise AllocationError(f"{resource}: the kubelet asked for no devices")
+        try:
+            want = self.devices.per_gpu(device_ids)
+        except ValidationError as e:
+            raise AllocationError(f"{resource}: {e}") from None
+        done = False
+        grant: Grant | None = None
+        with self._lock:
+            now = time.monotonic()
+            self.ledger.prune({k.pod_key for k in candidates}, now)
+            c = self._match(candidates, resource, want)
+            if c is not None:
+                # build the answer first: a decision that cannot be served is not handed out
+                grant = self._grant(c, resource, backend, node_labels)
+                self.ledger.record(c, resource, now)
+                done = self.ledger.pod_done(candidates, c.pod_key)
+                if done:
+                    self.ledger.finish(c.pod_key, now)
+        if c is None:
+            if resource in WHOLE_RESOURCES or resource == names.RES_GPU_COUNT:
+                gpus = tuple(sorted(want))
+                return self._plain_grant(gpus), False
+            unit = "%" if resource == names.RES_GPU_CORE else " GiB"
+            shape = ", ".join(f"GPU {g}: {v}{unit}" for g, v in sorted(want.items()))
+            raise AllocationError(
+                f"{resource}: no pending pod on node {self.node} has a container that the "
+                f"scheduler placed like this request ({shape}); was the pod scheduled by the "
+                "sharegpu extender, and are its annotations intact?"
+            )
+        assert grant is not None
+        return grant, done
+
+    # --- responses ---
+    def _uuids(self, gpus: Sequence[int]) -> tuple[str, ...]:
+        out = []
+        for g in gpus:
+            if not 0 <= g < len(self.devices.gpus):
+                raise AllocationError(
+                    f"the scheduler placed the container on GPU {g}, but node {self.node} has "
+                    f"{len(self.devices.gpus)} GPU(s); refusing to start it without a GPU"
+                )
+            out.append(self.devices.uuid(g))
+        return tuple(out)
+
+    def _plain_grant(self, gpus: tuple[int, ...]) -> Grant:
+        uuids = self._uuids(gpus)
+        env = ContainerEnv({names.ENV_VISIBLE_DEVICES: ",".join(uuids)})
+        return Grant(None, gpus, uuids, env, {})
+
+    def _grant(
+        self, c: Candidate, resource: str, backend: Backend, node_labels: Mapping[str, str]
+    ) -> Grant:
+        gpus = tuple(sorted(c.mem))
+        uuids = self._uuids(gpus)
+        notes = {ANN_GRANT: c.ref}
+        if resource == names.RES_GPU_CORE:
+            # The memory side sets the full environment; compute only repeats its own limit.
+            iso = isolation_env(
+                Backend.NONE if disabled(c.container_spec, node_labels) else backend,
+                mem=c.mem, core=c.core, pod_uid=c.uid, config=self.isolation,
+            )
+            keep = {"CUDA_DEVICE_SM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"}
+            env = {k: v for k, v in iso.envs.items() if k in keep}
+            env[names.ENV_VISIBLE_DEVICES] = ",".join(uuids)
+            return Grant(c, gpus, uuids, ContainerEnv(env), notes)
+        envs = {names.ENV_VISIBLE_DEVICES: ",".join(uuids)}
+        mounts: tuple = ()
+        if not c.whole:
+            envs[names.ENV_MEM_IDX] = ",".join(str(g) for g in gpus)
+            envs[names.ENV_MEM_POD] = str(c.pod_total_mem)
+            envs[names.ENV_MEM_CONTAINER] = str(sum(c.mem.values()))
+            envs[names.ENV_MEM_DEV] = str(self.devices.gpus[gpus[0]].mem_gib)
+            b = Backend.NONE if disabled(c.container_spec, node_labels) else backend
+            iso = isolation_env(b, mem=c.mem, core=c.core, pod_uid=c.uid, config=self.isolation)
+            envs.update(iso.envs)
+            mounts = iso.mounts
+        return Grant(c, gpus, uuids, ContainerEnv(envs, mounts), notes)
+
+
+def _required(kind: Kind, has_core: bool) -> frozenset[str]:
+    """The resources the kubelet allocates for a container of this kind: all of them handed out
+    means the container is fully allocated."""
+    if kind is Kind.EXCLUSIVE:
+        return frozenset({names.RES_NVIDIA_GPU})
+    if kind is Kind.TOPOLOGY:
+        return frozenset({names.RES_TOPOLOGY_GPU})
+    if has_core:
+        return frozenset({names.RES_GPU_MEM, names.RES_GPU_CORE})
+    return frozenset({names.RES_GPU_MEM})

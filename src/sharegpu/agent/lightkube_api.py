@@ -1,0 +1,87 @@
+"""The node agent's Kubernetes API calls through lightkube's async client."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from .kube import Obj
+
+
+def make_client(kubeconfig: str | None = None):  # type: ignore[no-untyped-def]
+    """An async client: ``kubeconfig`` if given, else in-cluster, else ``$KUBECONFIG``."""
+    from lightkube import AsyncClient, ConfigError, KubeConfig
+
+    from ..errors import ValidationError
+
+    try:
+        config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
+    except (ConfigError, OSError, ValueError) as e:
+        raise ValidationError(
+            "--kubeconfig", kubeconfig or "",
+            f"no usable cluster configuration ({e}): give a kubeconfig file, run in-cluster, "
+            "or set KUBECONFIG",
+        ) from None
+    return AsyncClient(config=config, field_manager="sharegpu-agent")
+
+
+def _plain(obj: Any) -> Obj:
+    return obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
+
+
+class LightkubeApi:
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    async def get_node(self, name: str) -> Obj:
+        from lightkube.resources.core_v1 import Node
+
+        return _plain(await self.client.get(Node, name=name))
+
+    async def watch_node(self, name: str) -> AsyncIterator[Obj]:
+        from lightkube.resources.core_v1 import Node
+
+        node = await self.get_node(name)
+        yield node
+        rv = (node.get("metadata") or {}).get("resourceVersion")
+        async for _event, obj in self.client.watch(
+            Node, fields={"metadata.name": name}, resource_version=rv
+        ):
+            yield _plain(obj)
+
+    async def patch_node_metadata(
+        self,
+        name: str,
+        *,
+        labels: Mapping[str, str | None] | None = None,
+        annotations: Mapping[str, str | None] | None = None,
+    ) -> None:
+        from lightkube.resources.core_v1 import Node
+        from lightkube.types import PatchType
+
+        meta: dict[str, Any] = {}
+        if labels:
+            meta["labels"] = dict(labels)
+        if annotations:
+            meta["annotations"] = dict(annotations)
+        if meta:
+            await self.client.patch(Node, name, {"metadata": meta}, patch_type=PatchType.MERGE)
+
+    async def list_node_pods(self, node: str) -> list[Obj]:
+        from lightkube.resources.core_v1 import Pod
+
+        return [
+            _plain(p)
+            async for p in self.client.list(Pod, namespace="*", fields={"spec.nodeName": node})
+        ]
+
+    async def patch_pod_annotations(
+        self, namespace: str, name: str, annotations: Mapping[str, str]
+    ) -> None:
+        from lightkube.resources.core_v1 import Pod
+        from lightkube.types import PatchType
+
+        await self.client.patch(
+            Pod, name, {"metadata": {"annotations": dict(annotations)}},
+            namespace=namespace, patch_type=PatchType.MERGE,
+        )

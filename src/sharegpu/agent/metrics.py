@@ -1,0 +1,57 @@
+"""A minimal Prometheus text endpoint for the agent (``GET /metrics``, ``GET /healthz``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from .service import Agent
+
+
+def render(agent: Agent) -> str:
+    node = agent.config.node_name
+    lines = [
+        "# TYPE sharegpu_agent_gpus gauge",
+        f'sharegpu_agent_gpus{{node="{node}"}} {len(agent.gpus)}',
+        "# TYPE sharegpu_agent_gpu_healthy gauge",
+    ]
+    for g in agent.gpus:
+        ok = 0 if g.index in agent.unhealthy else 1
+        lines.append(
+            f'sharegpu_agent_gpu_healthy{{node="{node}",gpu="{g.index}",uuid="{g.uuid}"}} {ok}'
+        )
+    lines += [
+        "# TYPE sharegpu_agent_mode_info gauge",
+        f'sharegpu_agent_mode_info{{node="{node}",mode="{agent.mode.value}"}} 1',
+        "# TYPE sharegpu_agent_registrations_total counter",
+        f"sharegpu_agent_registrations_total {agent.registrations}",
+        "# TYPE sharegpu_agent_allocations_total counter",
+        f"sharegpu_agent_allocations_total {agent.allocations}",
+        "# TYPE sharegpu_agent_allocation_failures_total counter",
+        f"sharegpu_agent_allocation_failures_total {agent.allocation_failures}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+async def serve(agent: Agent, host: str, port: int) -> asyncio.Server:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(Exception):
+            line = (await reader.readline()).decode("latin-1").split()
+            while (await reader.readline()) not in (b"\r\n", b"\n", b""):
+                pass
+            path = line[1] if len(line) > 1 else "/"
+            if path == "/metrics":
+                status, body = "200 OK", render(agent)
+            elif path == "/healthz":
+                status, body = "200 OK", "ok\n"
+            else:
+                status, body = "404 Not Found", "not found\n"
+            data = body.encode()
+            writer.write(
+                f"HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\n"
+                f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data
+            )
+            await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(handle, host, port)

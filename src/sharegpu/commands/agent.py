@@ -1,0 +1,123 @@
+"""``sharegpu agent``: the node agent (one per GPU node, a DaemonSet)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+
+from ..errors import ValidationError
+
+NAME = "agent"
+HELP = "run the node agent: device plugins, mode switching, card-model labels, isolation"
+DESCRIPTION = (
+    "Serve every GPU resource to the kubelet (the node mode's with devices, the others with 0), "
+    "follow the node label ack.node.gpu.schedule, label the node with its card model, hand each "
+    "container the GPUs the scheduler chose, and watch GPU health. Without a GPU, "
+    "--nvml fake --fake-gpus SPEC runs against a fake node; --standalone needs no API server."
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""),
+                   help="this node's name (default: $NODE_NAME)")
+    p.add_argument("--device-plugin-dir", default="/var/lib/kubelet/device-plugins")
+    p.add_argument("--state-dir", default="/var/lib/sharegpu",
+                   help="where the last explicit mode is remembered")
+    p.add_argument("--isolation", default="auto", choices=("auto", "hami", "mps", "none"),
+                   help="isolation back-end (auto: hami for cgpu/core_mem, mps for mps, else none)")
+    p.add_argument("--nvml", default="real", choices=("real", "fake"))
+    p.add_argument("--fake-gpus", default="Tesla-T4:15,Tesla-T4:15",
+                   help='GPUs of --nvml fake: "NAME:GIB,..." (e.g. Tesla-T4:15,Tesla-T4:15)')
+    p.add_argument("--kubeconfig", default=None,
+                   help="kubeconfig file (default: in-cluster, else $KUBECONFIG)")
+    p.add_argument("--metrics-listen", default="0.0.0.0:9400", help="HOST:PORT, or '' for none")
+    p.add_argument("--hami-library", default="/usr/local/vgpu/libvgpu.so",
+                   help="host path of HAMi-core's libvgpu.so (mounted at the same path)")
+    p.add_argument("--mps-pipe-dir", default="/run/nvidia/mps",
+                   help="host directory of the MPS control daemon's pipes")
+    p.add_argument("--recover-after", type=float, default=300.0,
+                   help="seconds without XID after which a responsive GPU is healthy again")
+    p.add_argument("--standalone", action="store_true",
+                   help="no API server: an in-memory node (for development with --nvml fake)")
+    p.add_argument("--mode", default="default",
+                   help="with --standalone: the node's ack.node.gpu.schedule label")
+    p.add_argument("--log-level", default="INFO")
+
+
+def _listen(text: str) -> tuple[str, int] | None:
+    if not text:
+        return None
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValidationError("--metrics-listen", text, "must be HOST:PORT (e.g. 0.0.0.0:9400)")
+    return host or "0.0.0.0", int(port)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..agent.isolation import IsolationConfig
+    from ..agent.kube import MemoryKube
+    from ..agent.nvml import FakeNvml, RealNvml
+    from ..agent.service import Agent, AgentConfig
+    from ..modes import parse_mode
+
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.node_name:
+        raise ValidationError("--node-name", "", "must be set (or the env var NODE_NAME)")
+    listen = _listen(args.metrics_listen)
+    if args.recover_after < 0:
+        raise ValidationError("--recover-after", args.recover_after, "must be at least 0")
+    nvml = FakeNvml.from_spec(args.fake_gpus) if args.nvml == "fake" else _real_nvml(RealNvml)
+    if args.standalone:
+        kube = MemoryKube()
+        kube.add_node(args.node_name, {"ack.node.gpu.schedule": parse_mode(args.mode).value})
+    else:
+        from ..agent.lightkube_api import LightkubeApi, make_client
+
+        kube = LightkubeApi(make_client(args.kubeconfig))
+    config = AgentConfig(
+        node_name=args.node_name,
+        device_plugin_dir=args.device_plugin_dir,
+        state_dir=args.state_dir,
+        isolation=args.isolation,
+        isolation_paths=IsolationConfig(hami_library=args.hami_library,
+                                        mps_pipe_dir=args.mps_pipe_dir),
+        recover_after_s=args.recover_after,
+    )
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        agent = Agent(config, nvml, kube)
+        server = None
+        if listen is not None:
+            from ..agent.metrics import serve
+
+            server = await serve(agent, *listen)
+        try:
+            await agent.start()
+            await stop.wait()
+        finally:
+            await agent.stop()
+            if server is not None:
+                server.close()
+            nvml.close()
+
+    asyncio.run(main())
+    return 0
+
+
+def _real_nvml(cls):  # type: ignore[no-untyped-def]
+    try:
+        return cls()
+    except Exception as e:  # library missing, driver not loaded
+        raise ValidationError(
+            "--nvml", "real",
+            f"NVML could not be initialised ({e}); is the NVIDIA driver installed? "
+            "(use --nvml fake for development)",
+        ) from None

@@ -1,0 +1,86 @@
+"""``kubectl-inspect-cgpu``: the command kubectl runs for ``kubectl inspect cgpu``.
+
+kubectl finds any executable named ``kubectl-inspect-cgpu`` on PATH and passes it the arguments
+after ``inspect cgpu``. Exit codes: 0 shown, 1 the cluster or dump could not be read, 2 bad
+arguments (argparse) or an unknown node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from .. import __version__
+from ..errors import ValidationError
+from . import render
+from .model import build
+from .source import SourceError, load_file, load_live
+
+PROG = "kubectl inspect cgpu"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog=PROG,
+        description="Show how much GPU memory (and, on core_mem nodes, compute) each shared "
+        "GPU has allocated, per node and for the cluster. The cluster comes from KUBECONFIG.",
+        epilog="Offline: kubectl get nodes,pods -A -o json > dump.json; "
+        "kubectl inspect cgpu --file dump.json",
+    )
+    p.add_argument("nodes", nargs="*", metavar="NODE", help="show only these nodes")
+    p.add_argument("-d", "--details", action="store_true",
+                   help="per node, the pods holding each GPU")
+    p.add_argument("-o", "--output", choices=("text", "json"), default="text",
+                   help="output format (default: text)")
+    p.add_argument("--file", metavar="DUMP",
+                   help="read `kubectl get nodes,pods -A -o json` output instead of the cluster "
+                   "('-' for standard input)")
+    p.add_argument("--kubeconfig", metavar="FILE",
+                   help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then "
+                   "in-cluster)")
+    p.add_argument("--request-timeout", type=float, default=20.0, metavar="SECONDS",
+                   help="API request timeout (default: 20)")
+    p.add_argument("--version", action="version", version=f"%(prog)s (sharegpu {__version__})")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.file:
+            nodes, pods = load_file(args.file)
+        else:
+            nodes, pods = load_live(args.kubeconfig, timeout=args.request_timeout)
+        view = build(nodes, pods, args.nodes or None)
+    except SourceError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    except ValidationError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    for w in view.warnings:
+        print(f"{PROG}: warning: {w}", file=sys.stderr)
+    if args.output == "json":
+        text = render.to_json(view)
+    elif args.details:
+        text = render.details(view)
+    else:
+        text = render.summary(view)
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:  # e.g. piped into head
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

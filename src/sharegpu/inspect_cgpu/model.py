@@ -1,0 +1,251 @@
+"""Who holds which GPU: Node and Pod objects (as the API server returns them) turned into the
+per-node, per-GPU view that ``kubectl inspect cgpu`` prints. Pure: no I/O.
+
+- A node is shown when it advertises shared GPU memory (``aliyun.com/gpu-mem`` > 0 in its
+  allocatable); its total is that allocatable, its GPUs' sizes come from
+  :func:`sharegpu.nodes.spec_from_node` (``sharegpu.io/gpu-mem`` or an even split).
+- Every pod on a shown node that is not Succeeded/Failed counts. A pod whose annotations
+  (either generation, :func:`sharegpu.annotations.decode`) name its GPUs counts on those GPUs;
+  a pod that asks for ``aliyun.com/gpu-mem`` but has no GPU index yet counts as PENDING.
+- Objects that cannot be read (a bad label, a malformed annotation) are left out with a warning
+  naming the object, the field and the rule; the others are still shown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import names
+from ..annotations import decode
+from ..errors import ValidationError
+from ..modes import Mode
+from ..nodes import quantity, spec_from_node
+from ..pods import is_terminated, node_of
+from ..request import Kind, parse_pod
+
+
+@dataclass(frozen=True)
+class GpuUsage:
+    """One GPU: memory in GiB, compute in percent of the card."""
+
+    index: int
+    mem_total: int
+    mem_allocated: int = 0
+    core_allocated: int = 0
+    pods: int = 0
+
+    @property
+    def core_total(self) -> int:
+        return names.CORE_PER_GPU
+
+
+@dataclass(frozen=True)
+class PodUsage:
+    """One pod on a node: what it holds on each GPU, or what it waits for (PENDING)."""
+
+    namespace: str
+    name: str
+    mem: Mapping[int, int] = field(default_factory=dict)
+    core: Mapping[int, int] = field(default_factory=dict)
+    pending_mem: int = 0
+    pending_core: int = 0
+
+    @property
+    def first_gpu(self) -> int:
+        return min(self.mem) if self.mem else 1 << 30
+
+
+@dataclass(frozen=True)
+class NodeUsage:
+    name: str
+    address: str
+    mode: Mode
+    placement: str
+    mem_total: int
+    gpus: tuple[GpuUsage, ...]
+    pods: tuple[PodUsage, ...] = ()
+
+    @property
+    def pending_mem(self) -> int:
+        return sum(p.pending_mem for p in self.pods)
+
+    @property
+    def has_pending(self) -> bool:
+        return any(p.pending_mem for p in self.pods)
+
+    @property
+    def mem_allocated(self) -> int:
+        return sum(g.mem_allocated for g in self.gpus) + self.pending_mem
+
+    @property
+    def shows_core(self) -> bool:
+        """Compute percentages are shown for ``core_mem`` nodes."""
+        return self.mode is Mode.CORE_MEM
+
+    @property
+    def core_total(self) -> int:
+        return names.CORE_PER_GPU * len(self.gpus)
+
+    @property
+    def core_allocated(self) -> int:
+        return sum(g.core_allocated for g in self.gpus) + sum(p.pending_core for p in self.pods)
+
+
+@dataclass(frozen=True)
+class ClusterUsage:
+    nodes: tuple[NodeUsage, ...]
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def mem_total(self) -> int:
+        return sum(n.mem_total for n in self.nodes)
+
+    @property
+    def mem_allocated(self) -> int:
+        return sum(n.mem_allocated for n in self.nodes)
+
+    @property
+    def shows_core(self) -> bool:
+        return any(n.shows_core for n in self.nodes)
+
+    @property
+    def core_total(self) -> int:
+        return sum(n.core_total for n in self.nodes if n.shows_core)
+
+    @property
+    def core_allocated(self) -> int:
+        return sum(n.core_allocated for n in self.nodes if n.shows_core)
+
+    @property
+    def max_gpus(self) -> int:
+        return max((len(n.gpus) for n in self.nodes), default=0)
+
+
+def shared_memory(node: Mapping[str, Any]) -> int:
+    """The node's allocatable ``aliyun.com/gpu-mem`` in GiB (0 when it shares none)."""
+    status = node.get("status") or {}
+    alloc = status.get("allocatable") or status.get("capacity") or {}
+    return quantity(alloc.get(names.RES_GPU_MEM))
+
+
+@dataclass
+class _NodeAcc:
+    name: str
+    address: str
+    mode: Mode
+    placement: str
+    mem_total: int
+    gpu_mem: list[int]
+    used: list[int]
+    core: list[int]
+    count: list[int]
+    pods: list[PodUsage] = field(default_factory=list)
+
+    def freeze(self) -> NodeUsage:
+        gpus = tuple(
+            GpuUsage(i, m, self.used[i], self.core[i], self.count[i])
+            for i, m in enumerate(self.gpu_mem)
+        )
+        pods = sorted(self.pods, key=lambda p: (p.first_gpu, p.namespace, p.name))
+        return NodeUsage(self.name, self.address, self.mode, self.placement, self.mem_total,
+                         gpus, tuple(pods))
+
+
+def build(
+    nodes: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]],
+    only: Sequence[str] | None = None,
+) -> ClusterUsage:
+    """The cluster view. ``only`` keeps the named nodes (in the order given); a name that is
+    not a node sharing GPU memory raises :class:`ValidationError`."""
+    warnings: list[str] = []
+    acc: dict[str, _NodeAcc] = {}
+    seen: set[str] = set()
+    for node in nodes:
+        name = str((node.get("metadata") or {}).get("name") or "")
+        seen.add(name)
+        total = shared_memory(node)
+        if total <= 0:
+            continue
+        try:
+            spec = spec_from_node(node)
+        except ValidationError as e:
+            warnings.append(f"node {name} left out: {e}")
+            continue
+        if spec is None:
+            warnings.append(
+                f"node {name} left out: it advertises {names.RES_GPU_MEM}={total} but neither "
+                f"{names.ANN_NODE_GPU_MEM} nor {names.RES_GPU_COUNT} tells how many GPUs it has"
+            )
+            continue
+        n = len(spec.gpu_mem)
+        acc[spec.name] = _NodeAcc(
+            name=spec.name, address=spec.address or "unknown", mode=spec.mode,
+            placement=spec.placement.value if spec.placement else "",
+            mem_total=total, gpu_mem=[int(m) for m in spec.gpu_mem],
+            used=[0] * n, core=[0] * n, count=[0] * n,
+        )
+
+    for pod in pods:
+        if is_terminated(pod):
+            continue
+        node = acc.get(node_of(pod))
+        if node is None:
+            continue
+        usage = _pod_usage(pod, node, warnings)
+        if usage is not None:
+            node.pods.append(usage)
+
+    if only:
+        missing = [n for n in only if n not in acc]
+        if missing:
+            which = ", ".join(missing)
+            rule = (
+                "no such node" if any(m not in seen for m in missing)
+                else f"the node shares no GPU memory ({names.RES_GPU_MEM} is 0 or absent)"
+            )
+            raise ValidationError("NODE", which, rule)
+        ordered = [acc[n] for n in dict.fromkeys(only)]
+    else:
+        ordered = [acc[k] for k in sorted(acc)]
+    return ClusterUsage(tuple(a.freeze() for a in ordered), tuple(warnings))
+
+
+def _pod_usage(pod: Mapping[str, Any], node: _NodeAcc, warnings: list[str]) -> PodUsage | None:
+    meta = pod.get("metadata") or {}
+    ns, name = str(meta.get("namespace") or "default"), str(meta.get("name") or "")
+    try:
+        alloc = decode(meta.get("annotations") or {})
+    except ValidationError as e:
+        warnings.append(f"pod {ns}/{name} on {node.name}: {e}")
+        alloc = None
+    if alloc is None:
+        try:
+            req = parse_pod(pod)
+        except ValidationError as e:
+            warnings.append(f"pod {ns}/{name} on {node.name} left out: {e}")
+            return None
+        if req.kind not in (Kind.SHARED, Kind.SHARED_CORE):
+            return None
+        core = sum(c.gpu_core * c.gpus for c in req.containers)
+        return PodUsage(ns, name, pending_mem=req.total_mem, pending_core=core)
+
+    mem = alloc.per_gpu_mem()
+    core = alloc.per_gpu_core()
+    bad = sorted(g for g in set(mem) | set(core) if g >= len(node.gpu_mem))
+    if bad:
+        warnings.append(
+            f"pod {ns}/{name} on {node.name}: GPU index {bad} is not on the node "
+            f"({len(node.gpu_mem)} GPUs); that part is not counted"
+        )
+        mem = {g: v for g, v in mem.items() if g < len(node.gpu_mem)}
+        core = {g: v for g, v in core.items() if g < len(node.gpu_mem)}
+    for g, v in mem.items():
+        node.used[g] += v
+        node.count[g] += 1
+    for g, v in core.items():
+        node.core[g] += v
+    return PodUsage(ns, name, mem=dict(sorted(mem.items())), core=dict(sorted(core.items())))
+

@@ -1,0 +1,147 @@
+"""Where ``kubectl inspect cgpu`` gets Node and Pod objects: a dump file or a live cluster.
+
+- ``--file DUMP``: the output of ``kubectl get nodes,pods -A -o json`` (a ``List``), or a
+  ``NodeList``/``PodList``, or several of those in a JSON array; ``-`` reads standard input.
+  A support bundle can be inspected offline this way.
+- Live: lightkube, with the cluster from ``--kubeconfig``, else ``$KUBECONFIG`` (the first file
+  of the list that exists), else ``~/.kube/config``, else the in-cluster service account.
+
+Every failure is a :class:`SourceError` with one clear line (which file or server, what went
+wrong, what to do), never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..errors import ShareGpuError
+
+Objects = tuple[list[dict[str, Any]], list[dict[str, Any]]]  # (nodes, pods)
+
+
+class SourceError(ShareGpuError):
+    """The cluster or the dump could not be read."""
+
+
+def _collect(doc: Any, nodes: list, pods: list, where: str) -> None:
+    if isinstance(doc, list):
+        for d in doc:
+            _collect(d, nodes, pods, where)
+        return
+    if not isinstance(doc, Mapping):
+        raise SourceError(f"{where}: expected a JSON object of kind List, NodeList or PodList")
+    kind = doc.get("kind")
+    if kind == "Node":
+        nodes.append(dict(doc))
+    elif kind == "Pod":
+        pods.append(dict(doc))
+    elif (isinstance(kind, str) and kind.endswith("List")) or "items" in doc:
+        items = doc.get("items")
+        if not isinstance(items, list):
+            raise SourceError(f"{where}: field 'items' must be a list of objects")
+        implied = {"NodeList": "Node", "PodList": "Pod"}.get(str(kind))
+        for item in items:
+            if isinstance(item, Mapping) and implied and "kind" not in item:
+                item = {**item, "kind": implied}
+            _collect(item, nodes, pods, where)
+    # other kinds (Events, Services, ...) in a support bundle are ignored
+
+
+def load_file(path: str) -> Objects:
+    """Nodes and pods from a dump written by ``kubectl get nodes,pods -A -o json``."""
+    where = "standard input" if path == "-" else path
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise SourceError(f"--file {where}: cannot read it: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise SourceError(f"--file {where}: not UTF-8 text") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SourceError(
+            f"--file {where}: not JSON (line {e.lineno}, column {e.colno}: {e.msg}); "
+            "write it with: kubectl get nodes,pods -A -o json > FILE"
+        ) from None
+    nodes: list[dict[str, Any]] = []
+    pods: list[dict[str, Any]] = []
+    _collect(doc, nodes, pods, f"--file {where}")
+    if not nodes:
+        raise SourceError(
+            f"--file {where}: holds no Node objects; write it with: "
+            "kubectl get nodes,pods -A -o json > FILE"
+        )
+    return nodes, pods
+
+
+def kubeconfig_path(explicit: str | None = None) -> str | None:
+    """The kubeconfig file to use, or ``None`` to try the in-cluster service account."""
+    if explicit:
+        return explicit
+    env = os.environ.get("KUBECONFIG", "")
+    if env:
+        files = [p for p in env.split(os.pathsep) if p]
+        for p in files:
+            if Path(p).expanduser().is_file():
+                return str(Path(p).expanduser())
+        return files[0] if files else None
+    default = Path("~/.kube/config").expanduser()
+    return str(default) if default.is_file() else None
+
+
+def load_live(kubeconfig: str | None = None, *, timeout: float = 20.0) -> Objects:
+    """Nodes and pods from the cluster (pods of every namespace)."""
+    try:
+        from lightkube import ApiError, AsyncClient, ConfigError, KubeConfig
+        from lightkube.core.generic_client import httpx
+        from lightkube.resources.core_v1 import Node, Pod
+    except ImportError as e:  # pragma: no cover - lightkube is a dependency
+        raise SourceError(f"the Kubernetes client library is missing: {e}") from None
+
+    path = kubeconfig_path(kubeconfig)
+    try:
+        config = KubeConfig.from_file(path) if path else KubeConfig.from_service_account()
+    except ConfigError as e:
+        raise SourceError(
+            f"no usable cluster configuration ({e}); set KUBECONFIG to your kubeconfig file "
+            "or use --file DUMP"
+        ) from None
+    except (OSError, ValueError) as e:
+        raise SourceError(f"cannot read kubeconfig {path}: {e}") from None
+    server = "the cluster"
+    with contextlib.suppress(Exception):
+        server = config.get().cluster.server
+
+    async def fetch() -> Objects:
+        client = AsyncClient(config, timeout=timeout)
+        try:
+            nodes = [n.to_dict() async for n in client.list(Node, chunk_size=500)]
+            pods = [p.to_dict() async for p in client.list(Pod, namespace="*", chunk_size=500)]
+            return nodes, pods
+        finally:
+            await client.close()
+
+    try:
+        return asyncio.run(fetch())
+    except ApiError as e:
+        code = getattr(e.status, "code", None)
+        hint = (
+            " (your user needs get/list on nodes and pods)" if code in (401, 403) else ""
+        )
+        raise SourceError(f"the API server at {server} refused: {e.status.message}{hint}") from None
+    except httpx.TransportError as e:
+        raise SourceError(
+            f"cannot reach the API server at {server}: {e.__class__.__name__}: {e}; "
+            "check KUBECONFIG and the network, or use --file DUMP"
+        ) from None
+    except httpx.HTTPError as e:
+        raise SourceError(f"talking to the API server at {server} failed: {e}") from None
+    except ConfigError as e:
+        raise SourceError(f"kubeconfig {path}: {e}") from None

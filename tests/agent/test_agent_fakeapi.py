@@ -1,0 +1,67 @@
+"""The agent's Kubernetes API path (lightkube) against the fake API server: card-model labels and
+node annotations patched, the mode label watched live, a pod marked assigned after Allocate."""
+
+from __future__ import annotations
+
+from agent_helpers import NODE, make_pod, short_dir  # noqa: F401
+from agent_kubelet import TestKubelet, wait_until
+
+from sharegpu import names
+from sharegpu.agent.lightkube_api import LightkubeApi, make_client
+from sharegpu.agent.nvml import FakeNvml
+from sharegpu.agent.service import Agent, AgentConfig
+from sharegpu.annotations import is_assigned
+from sharegpu.modes import Mode, advertised_resources
+
+
+async def test_agent_against_fake_api_server(fake_api, short_dir):
+    fake_api.create({"apiVersion": "v1", "kind": "Node",
+                     "metadata": {"name": NODE, "labels": {names.LABEL_SCHEDULE: "cgpu"}},
+                     "status": {}})
+    pod = make_pod("w", [{"mem": 3}], alloc={0: {1: 3}})
+    pod.update({"apiVersion": "v1", "kind": "Pod"})
+    fake_api.create(pod)
+
+    kubelet = TestKubelet(f"{short_dir}/dp")
+    await kubelet.start()
+    client = make_client(str(fake_api.kubeconfig_path))
+    agent = Agent(
+        AgentConfig(node_name=NODE, device_plugin_dir=f"{short_dir}/dp",
+                    state_dir=f"{short_dir}/state", kubelet_poll_s=0.05),
+        FakeNvml([("Tesla-T4", 15), ("Tesla-V100-SXM2-32GB", 32)]),
+        LightkubeApi(client),
+    )
+    await agent.start()
+    try:
+        def counts() -> dict[str, int]:
+            return {r: kubelet.count(r) for r in names.ALL_GPU_RESOURCES}
+
+        await wait_until(lambda: counts() == advertised_resources(Mode.CGPU, [15, 32]))
+        meta = fake_api.get("nodes", NODE)["metadata"]
+        assert meta["labels"][names.LABEL_CARD_NAME] == "Tesla-T4"
+        assert meta["labels"][names.LABEL_CARD_COUNT] == "2"
+        assert meta["annotations"][names.ANN_NODE_GPU_MEM] == "15,32"
+        assert meta["annotations"][names.ANN_NODE_LAST_MODE] == "cgpu"
+
+        # Allocate reads the pod from the API and marks it assigned there
+        ids = [i for i, _ in kubelet.devices[names.RES_GPU_MEM]
+               if agent.devices.gpu_of(i) == 1][:3]
+        resp = await kubelet.allocate(names.RES_GPU_MEM, ids)
+        assert resp.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3072m"
+        await wait_until(lambda: is_assigned(
+            fake_api.get("pods", "w", "default")["metadata"]["annotations"]))
+
+        # the label watch follows a live switch, and a removal keeps the mode
+        fake_api.patch("nodes", NODE, {"metadata": {"labels": {names.LABEL_SCHEDULE: "core_mem"}}})
+        await wait_until(lambda: counts() == advertised_resources(Mode.CORE_MEM, [15, 32]))
+        await wait_until(lambda: fake_api.get("nodes", NODE)["metadata"]["annotations"]
+                         [names.ANN_NODE_LAST_MODE] == "core_mem")
+        fake_api.patch("nodes", NODE, {"metadata": {"labels": {names.LABEL_SCHEDULE: None}}})
+        fake_api.patch("nodes", NODE, {"metadata": {"labels": {"touched": "yes"}}})
+        await wait_until(lambda: agent.labels.get("touched") == "yes")
+        assert agent.mode is Mode.CORE_MEM
+        assert counts() == advertised_resources(Mode.CORE_MEM, [15, 32])
+    finally:
+        await agent.stop()
+        await kubelet.stop()
+        await client.close()

@@ -1,0 +1,57 @@
+"""The committed device-plugin modules match our proto, and the wire format is the kubelet's
+v1beta1 (package, services, and the field numbers the kubelet uses)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from sharegpu.agent.proto import api_pb2 as pb
+
+PROTO = Path(__file__).resolve().parents[2] / "src" / "sharegpu" / "agent" / "proto"
+
+
+def fields(message) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    return {f.name: f.number for f in message.DESCRIPTOR.fields}
+
+
+def test_wire_format_is_v1beta1():
+    d = pb.DESCRIPTOR
+    assert d.package == "v1beta1"
+    assert [m.name for m in d.services_by_name["Registration"].methods] == ["Register"]
+    assert [m.name for m in d.services_by_name["DevicePlugin"].methods] == [
+        "GetDevicePluginOptions", "ListAndWatch", "GetPreferredAllocation", "Allocate",
+        "PreStartContainer"]
+    assert d.services_by_name["DevicePlugin"].methods_by_name["ListAndWatch"].server_streaming
+    assert fields(pb.RegisterRequest) == {"version": 1, "endpoint": 2, "resource_name": 3,
+                                          "options": 4}
+    assert fields(pb.DevicePluginOptions) == {"pre_start_required": 1,
+                                              "get_preferred_allocation_available": 2}
+    assert fields(pb.Device) == {"ID": 1, "health": 2, "topology": 3}
+    assert fields(pb.ListAndWatchResponse) == {"devices": 1}
+    assert fields(pb.ContainerPreferredAllocationRequest) == {
+        "available_deviceIDs": 1, "must_include_deviceIDs": 2, "allocation_size": 3}
+    assert fields(pb.ContainerPreferredAllocationResponse) == {"deviceIDs": 1}
+    assert fields(pb.ContainerAllocateRequest) == {"devices_ids": 1}
+    assert fields(pb.AllocateRequest) == {"container_requests": 1}
+    assert fields(pb.ContainerAllocateResponse) == {"envs": 1, "mounts": 2, "devices": 3,
+                                                    "annotations": 4, "cdi_devices": 5}
+    assert fields(pb.Mount) == {"container_path": 1, "host_path": 2, "read_only": 3}
+    assert fields(pb.PreStartContainerRequest) == {"devices_ids": 1}
+
+
+def test_committed_modules_are_generated_from_the_proto(tmp_path):
+    subprocess.run(
+        [sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTO}", f"--python_out={tmp_path}",
+         str(PROTO / "api.proto")],
+        check=True,
+    )
+    fresh = (tmp_path / "api_pb2.py").read_text()
+    committed = (PROTO / "api_pb2.py").read_text()
+
+    def descriptor_line(text: str) -> str:
+        return next(line for line in text.splitlines() if "AddSerializedFile" in line)
+
+    assert descriptor_line(fresh) == descriptor_line(committed), (
+        "api_pb2.py is stale: run scripts/gen_proto.sh")

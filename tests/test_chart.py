@@ -1,0 +1,605 @@
+"""The Helm chart, rendered by a real helm (scripts/install-tools.sh puts it in .tools/bin):
+lint, render for the default values and every example, validate every manifest against the
+Kubernetes schemas (kubernetes-validate, strict), least-privilege RBAC, and the wiring between
+components (scheduler profile -> extender Service, agent DaemonSet flags, webhook certificate)."""
+
+from __future__ import annotations
+
+import base64
+import functools
+import importlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "charts" / "sharegpu"
+EXAMPLES = sorted(p.name for p in (CHART / "examples").glob("*.yaml"))
+NS = "gpu-system"
+KUBE = "1.30.0"  # kubernetes-validate ships schemas for it; matchConditions are GA there
+CRD_KINDS = {"ServiceMonitor", "Certificate", "Issuer"}
+
+
+def helm() -> str:
+    found = shutil.which("helm", path=str(ROOT / ".tools" / "bin")) or shutil.which("helm")
+    assert found, "helm is missing: bash scripts/install-tools.sh installs it into .tools/bin"
+    return found
+
+
+def run_helm(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm(), *args], capture_output=True, text=True, timeout=120,
+                          env={"PATH": "/usr/bin:/bin", "HOME": "/tmp",
+                               "KUBECONFIG": "/nonexistent"})
+
+
+@functools.cache
+def render(values: str | None = None, kube: str = KUBE, *sets: str) -> tuple[dict, ...]:
+    args = ["template", "sharegpu", str(CHART), "-n", NS, "--kube-version", kube]
+    if values:
+        args += ["-f", str(CHART / "examples" / values)]
+    for s in sets:
+        args += ["--set", s]
+    r = run_helm(*args)
+    assert r.returncode == 0, r.stderr
+    return tuple(d for d in yaml.safe_load_all(r.stdout) if d)
+
+
+def find(docs, kind, name_part=""):
+    out = [d for d in docs if d["kind"] == kind and name_part in d["metadata"]["name"]]
+    assert out, f"no {kind} named *{name_part}*"
+    return out
+
+
+def one(docs, kind, name_part=""):
+    (d,) = find(docs, kind, name_part)
+    return d
+
+
+# --- lint, render, schema validation -------------------------------------------------------
+
+
+@pytest.mark.parametrize("values", [None, *EXAMPLES])
+def test_helm_lint_strict(values):
+    args = ["lint", "--strict", str(CHART)]
+    if values:
+        args += ["-f", str(CHART / "examples" / values)]
+    r = run_helm(*args)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "0 chart(s) failed" in r.stdout
+
+
+@pytest.mark.parametrize("values", [None, *EXAMPLES])
+def test_every_manifest_is_valid_kubernetes(values, tmp_path):
+    docs = render(values)
+    for d in docs:
+        if d["kind"] in CRD_KINDS:
+            check_crd_object(d)
+            continue
+        # raises on any schema error; strict rejects unknown fields
+        kubernetes_validate.validate(d, KUBE, strict=True)
+    # and the command-line tool over the whole rendered stream
+    path = tmp_path / "rendered.yaml"
+    path.write_text(yaml.safe_dump_all(docs))
+    tool = Path(sys.executable).parent / "kubernetes-validate"
+    r = subprocess.run([str(tool), "--strict", "-k", KUBE, str(path)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    unknown = [line for line in r.stdout.splitlines() if "Couldn't find schema" in line]
+    assert all(any(k in line for k in CRD_KINDS) for line in unknown), unknown
+
+
+def check_crd_object(d: dict) -> None:
+    """The Prometheus Operator and cert-manager kinds have no schema in kubernetes-validate:
+    check the fields the chart sets against those projects' API."""
+    import jsonschema
+
+    meta = {"type": "object", "required": ["name", "namespace"]}
+    schemas = {
+        "ServiceMonitor": {
+            "required": ["apiVersion", "kind", "metadata", "spec"],
+            "properties": {
+                "apiVersion": {"const": "monitoring.coreos.com/v1"}, "metadata": meta,
+                "spec": {"type": "object", "required": ["selector", "endpoints"],
+                         "additionalProperties": False,
+                         "properties": {
+                             "selector": {"type": "object", "required": ["matchLabels"]},
+                             "namespaceSelector": {"type": "object"},
+                             "endpoints": {"type": "array", "minItems": 1, "items": {
+                                 "type": "object", "additionalProperties": False,
+                                 "required": ["port"],
+                                 "properties": {"port": {"type": "string"},
+                                                "path": {"type": "string"},
+                                                "interval": {"type": "string",
+                                                             "pattern": "^[0-9]+[smh]$"}}}}}},
+            },
+        },
+        "Certificate": {
+            "required": ["apiVersion", "kind", "metadata", "spec"],
+            "properties": {
+                "apiVersion": {"const": "cert-manager.io/v1"}, "metadata": meta,
+                "spec": {"type": "object", "required": ["secretName", "issuerRef", "dnsNames"],
+                         "additionalProperties": False,
+                         "properties": {"secretName": {"type": "string"},
+                                        "dnsNames": {"type": "array", "minItems": 1},
+                                        "issuerRef": {"type": "object", "required": ["name"]}}},
+            },
+        },
+        "Issuer": {
+            "required": ["apiVersion", "kind", "metadata", "spec"],
+            "properties": {"apiVersion": {"const": "cert-manager.io/v1"}, "metadata": meta,
+                           "spec": {"type": "object", "minProperties": 1}},
+        },
+    }
+    jsonschema.validate(d, {"type": "object", **schemas[d["kind"]]})
+
+
+def test_bad_values_are_refused_naming_the_field():
+    r = run_helm("template", "x", str(CHART), "--set", "isolation=bogus")
+    assert r.returncode != 0 and "/isolation" in r.stderr and "'auto', 'hami'" in r.stderr
+    r = run_helm("template", "x", str(CHART), "--set", "scheduler.mode=other")
+    assert r.returncode != 0 and "/scheduler/mode" in r.stderr
+
+
+# --- least privilege -------------------------------------------------------------------------
+
+# What each component may do: (apiGroup, resource, verb, resourceName or None). Anything else a
+# component's ServiceAccount can do fails the test.
+def _perm(group, resources, verbs, names=(None,)):
+    return {(group, r, v, n) for r in resources for v in verbs for n in names}
+
+
+ALLOWED = {
+    "extender": _perm("", ["pods"], ["get", "list", "watch", "patch"])
+    | _perm("", ["pods/binding"], ["create"])
+    | _perm("", ["nodes"], ["get", "list", "watch"])
+    | _perm("", ["events"], ["create"])
+    | _perm("coordination.k8s.io", ["leases"], ["create"])
+    | _perm("coordination.k8s.io", ["leases"], ["get", "update"], ["sharegpu-extender"]),
+    "agent": _perm("", ["nodes"], ["get", "watch", "patch"])
+    | _perm("", ["pods"], ["list", "patch"]),
+    "webhook": set(),
+    "scheduler": _perm("coordination.k8s.io", ["leases"], ["create"])
+    | _perm("coordination.k8s.io", ["leases"], ["get", "update"], ["ack-co-scheduler"]),
+}
+# built-in roles a kube-scheduler is given by every installation (kubeadm, the docs' "multiple
+# schedulers" setup); they are maintained by Kubernetes itself
+BUILTIN = {"scheduler": {("ClusterRole", "system:kube-scheduler"),
+                         ("ClusterRole", "system:volume-scheduler"),
+                         ("Role", "extension-apiserver-authentication-reader")}}
+
+
+def permissions(docs) -> dict[str, tuple[set, set]]:
+    """Per ServiceAccount: (permissions from the chart's own roles, built-in roles bound)."""
+    roles = {(d["kind"], d["metadata"]["name"]): d for d in docs
+             if d["kind"] in ("Role", "ClusterRole")}
+    out: dict[str, tuple[set, set]] = {}
+    for b in docs:
+        if b["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        ref = (b["roleRef"]["kind"], b["roleRef"]["name"])
+        for s in b["subjects"]:
+            assert s["kind"] == "ServiceAccount" and s["namespace"] == NS, s
+            perms, builtin = out.setdefault(s["name"], (set(), set()))
+            if ref not in roles:
+                builtin.add(ref)
+                continue
+            for rule in roles[ref]["rules"]:
+                assert "nonResourceURLs" not in rule
+                for g in rule.get("apiGroups", []):
+                    for r in rule["resources"]:
+                        for v in rule["verbs"]:
+                            for n in rule.get("resourceNames") or [None]:
+                                perms.add((g, r, v, n))
+    return out
+
+
+def component_of(sa: str) -> str:
+    return sa.rsplit("-", 1)[-1]
+
+
+def excess(docs) -> list[str]:
+    problems = []
+    for sa, (perms, builtin) in permissions(docs).items():
+        comp = component_of(sa)
+        for g, r, v, n in sorted(perms, key=str):
+            if "*" in (g, r, v) or r == "secrets" or (g, r, v, n) not in ALLOWED[comp]:
+                problems.append(f"{sa}: {v} {r or ''} (group {g!r}, name {n})")
+        for ref in sorted(builtin - BUILTIN.get(comp, set())):
+            problems.append(f"{sa}: bound to {ref[0]} {ref[1]}")
+    return problems
+
+
+@pytest.mark.parametrize("values", [None, *EXAMPLES])
+def test_rbac_is_least_privilege(values):
+    docs = render(values)
+    assert excess(docs) == []
+    perms = permissions(docs)
+    # every component that talks to the API server can do what it needs
+    ext = perms["sharegpu-extender"][0]
+    assert ("", "pods/binding", "create", None) in ext and ("", "pods", "patch", None) in ext
+    assert ("", "pods", "patch", None) in perms["sharegpu-agent"][0]
+    # the webhook has no binding at all and no token
+    assert "sharegpu-webhook" not in perms
+    sa = one(docs, "ServiceAccount", "webhook")
+    assert sa["automountServiceAccountToken"] is False
+
+
+def test_the_rbac_check_catches_extra_rights():
+    docs = [json.loads(json.dumps(d)) for d in render(None)]
+    role = one(docs, "ClusterRole", "agent")
+    role["rules"].append({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]})
+    role["rules"].append({"apiGroups": ["apps"], "resources": ["*"], "verbs": ["*"]})
+    assert len(excess(docs)) == 2
+    docs = [json.loads(json.dumps(d)) for d in render(None)]
+    one(docs, "ClusterRoleBinding", "scheduler-kube-scheduler")["roleRef"]["name"] = \
+        "cluster-admin"
+    assert excess(docs) == ["sharegpu-scheduler: bound to ClusterRole cluster-admin"]
+
+
+# --- components ------------------------------------------------------------------------------
+
+
+def container(d):
+    (c,) = d["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def args_of(d):
+    return container(d)["args"]
+
+
+def test_extender_two_replicas_leader_election_and_policy():
+    docs = render(None)
+    dep = one(docs, "Deployment", "extender")
+    assert dep["spec"]["replicas"] == 2
+    a = args_of(dep)
+    assert a[0] == "extender" and f"--lease-namespace={NS}" in a
+    assert "--lease-name=sharegpu-extender" in a and "--policy=default" in a
+    assert "--no-leader-election" not in a
+    assert one(docs, "PodDisruptionBudget", "extender")["spec"]["minAvailable"] == 1
+    assert "--policy=binpack" in args_of(one(render("cgpu-binpack.yaml"), "Deployment",
+                                             "extender"))
+
+
+def test_scheduler_profile_calls_the_extender_service():
+    docs = render(None)
+    svc = one(docs, "Service", "extender")
+    cfg = yaml.safe_load(one(docs, "ConfigMap", "scheduler-config")["data"]["config.yaml"])
+    assert cfg["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert cfg["kind"] == "KubeSchedulerConfiguration"
+    assert [p["schedulerName"] for p in cfg["profiles"]] == ["ack-co-scheduler"]
+    assert cfg["leaderElection"] == {"leaderElect": True, "resourceNamespace": NS,
+                                     "resourceName": "ack-co-scheduler"}
+    (ext,) = cfg["extenders"]
+    known = {"urlPrefix", "filterVerb", "preemptVerb", "prioritizeVerb", "weight", "bindVerb",
+             "enableHTTPS", "tlsConfig", "httpTimeout", "nodeCacheCapable", "managedResources",
+             "ignorable"}
+    assert set(ext) <= known
+    port = svc["spec"]["ports"][0]["port"]
+    assert ext["urlPrefix"] == f"http://{svc['metadata']['name']}.{NS}.svc:{port}"
+    assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]) == (
+        "filter", "prioritize", "bind")
+    assert {r["name"] for r in ext["managedResources"]} == {
+        "aliyun.com/gpu-mem", "aliyun.com/gpu-core.percentage", "aliyun.com/gpu",
+        "nvidia.com/gpu"}
+    # the extender watches nodes itself (node names only), fails closed, and its score must
+    # outweigh kube-scheduler's own scores so placement follows the sharegpu policy
+    assert ext["nodeCacheCapable"] is True and ext["ignorable"] is False
+    assert ext["weight"] >= 100_000
+    dep = one(docs, "Deployment", "scheduler")
+    c = container(dep)
+    assert c["image"] == "registry.k8s.io/kube-scheduler:v1.30.0"  # follows the cluster
+    assert c["command"][:2] == ["kube-scheduler", "--config=/etc/sharegpu-scheduler/config.yaml"]
+    # the extender Service selects the extender pods
+    assert svc["spec"]["selector"].items() <= \
+        one(docs, "Deployment", "extender")["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_default_profile_mode_runs_no_scheduler_and_prints_the_config():
+    docs = render("default-scheduler.yaml")
+    assert not [d for d in docs if "scheduler" in d["metadata"]["name"]]
+    r = run_helm("install", "sharegpu", str(CHART), "-n", NS, "--dry-run=client",
+                 "-f", str(CHART / "examples" / "default-scheduler.yaml"))
+    assert r.returncode == 0, r.stderr
+    notes = r.stdout.split("NOTES:", 1)[1]
+    block = notes.split("extenders:", 1)[1].split("\n\n", 1)[0]
+    (ext,) = yaml.safe_load(block)
+    assert ext["urlPrefix"] == f"http://sharegpu-extender.{NS}.svc:8888"
+    assert "schedulerName" not in notes
+
+
+def test_notes_show_the_seeds_verification_commands():
+    r = run_helm("install", "sharegpu", str(CHART), "-n", NS, "--dry-run=client")
+    assert r.returncode == 0, r.stderr
+    notes = r.stdout.split("NOTES:", 1)[1]
+    for line in [
+        "kubectl label node <NODE_NAME> ack.node.gpu.schedule=cgpu --overwrite",
+        "kubectl label node <NODE_NAME> ack.node.gpu.schedule=default --overwrite",
+        'kubectl get nodes <NODE_NAME> -o yaml | grep "aliyun.com/gpu-mem"',
+        "kubectl get nodes <NODE_NAME> -o yaml | grep -E "
+        "'aliyun\\.com/gpu-core\\.percentage|aliyun\\.com/gpu-mem'",
+        "kubectl get nodes <NODE_NAME> -o yaml | grep aliyun.com/gpu",
+        "kubectl inspect cgpu",
+        "schedulerName: ack-co-scheduler",
+        "Allocated/Total GPU Memory In Cluster:",
+    ]:
+        assert line in notes, line
+    from test_inspect_golden import BINPACK
+    sample = "\n".join(line[5:] for line in notes.splitlines()
+                       if line.startswith("     ") and ("GPU" in line or "/" in line
+                                                        or line.strip().startswith("---")))
+    assert BINPACK.strip() in sample  # the NOTES' sample is the tool's real output
+
+
+def test_agent_daemonset_on_gpu_nodes_only_node_critical():
+    docs = render(None)
+    ds = one(docs, "DaemonSet", "agent")
+    spec = ds["spec"]["template"]["spec"]
+    assert spec["priorityClassName"] == "system-node-critical"
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+    keys = {e["key"] for t in terms for e in t["matchExpressions"]}
+    assert "ack.node.gpu.schedule" in keys and "nvidia.com/gpu.present" in keys
+    assert all(len(t["matchExpressions"]) == 1 for t in terms)  # any one GPU label (OR)
+    c = container(ds)
+    env = {e["name"]: e for e in c["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert args_of(ds)[0] == "agent" and "--isolation=auto" in args_of(ds)
+    mounts = {m["mountPath"] for m in c["volumeMounts"]}
+    assert "/var/lib/kubelet/device-plugins" in mounts and "/var/lib/sharegpu" in mounts
+    assert "--isolation=mps" in args_of(one(render("mps.yaml"), "DaemonSet", "agent"))
+    assert "--isolation=none" in args_of(one(render("share.yaml"), "DaemonSet", "agent"))
+    fake = args_of(one(render("fake-gpus.yaml"), "DaemonSet", "agent"))
+    assert "--nvml=fake" in fake and "--fake-gpus=Tesla-T4:15,Tesla-T4:15" in fake
+
+
+def test_webhook_certificate_and_fail_closed():
+    docs = render(None)
+    vwc = one(docs, "ValidatingWebhookConfiguration")
+    (hook,) = vwc["webhooks"]
+    assert hook["failurePolicy"] == "Fail" and hook["sideEffects"] == "None"
+    svc = one(docs, "Service", "webhook")
+    ref = hook["clientConfig"]["service"]
+    assert (ref["name"], ref["namespace"], ref["path"], ref["port"]) == (
+        svc["metadata"]["name"], NS, "/validate", svc["spec"]["ports"][0]["port"])
+    secret = one(docs, "Secret", "webhook-tls")
+    assert hook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+    pem = base64.b64decode(secret["data"]["tls.crt"]).decode()
+    assert pem.startswith("-----BEGIN CERTIFICATE-----")
+    cert = _x509(pem)
+    assert f"DNS:{svc['metadata']['name']}.{NS}.svc" in cert
+    dep = one(docs, "Deployment", "webhook")
+    assert {"--tls-cert=/tls/tls.crt", "--tls-key=/tls/tls.key"} <= set(args_of(dep))
+    assert dep["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"] == \
+        secret["metadata"]["name"]
+    excluded = hook["namespaceSelector"]["matchExpressions"][0]["values"]
+    assert NS in excluded and "kube-system" in excluded
+    # cert-manager instead of the Helm-made certificate
+    cm = render("cert-manager.yaml")
+    assert not [d for d in cm if d["kind"] == "Secret"]
+    assert one(cm, "Certificate")["spec"]["secretName"] == secret["metadata"]["name"]
+    assert "caBundle" not in one(cm, "ValidatingWebhookConfiguration")["webhooks"][0][
+        "clientConfig"]
+
+
+def _x509(pem: str) -> str:
+    r = subprocess.run(["openssl", "x509", "-noout", "-text"], input=pem, capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_webhook_sees_only_gpu_pods():
+    import celpy
+
+    (hook,) = one(render(None), "ValidatingWebhookConfiguration")["webhooks"]
+    (cond,) = hook["matchConditions"]
+    env = celpy.Environment()
+    prog = env.program(env.compile(cond["expression"]))
+
+    def sent(pod):
+        return bool(prog.evaluate({"object": celpy.json_to_cel(pod)}))
+
+    def pod(containers, labels=None, init=None):
+        spec = {"containers": containers}
+        if init:
+            spec["initContainers"] = init
+        return {"metadata": {"name": "p", **({"labels": labels} if labels else {})},
+                "spec": spec}
+
+    assert sent(pod([{"name": "c", "resources": {"limits": {"aliyun.com/gpu-mem": 2}}}]))
+    assert sent(pod([{"name": "a"}, {"name": "b", "resources": {
+        "requests": {"aliyun.com/gpu-core.percentage": 30}}}]))
+    assert sent(pod([{"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1}}}]))
+    assert sent(pod([{"name": "c"}], labels={"aliyun.com/gpu-count": "2"}))
+    assert sent(pod([{"name": "c"}], init=[{"name": "i", "resources": {
+        "limits": {"aliyun.com/gpu-mem": 1}}}]))
+    assert not sent(pod([{"name": "c"}]))
+    assert not sent(pod([{"name": "c", "resources": {"limits": {"cpu": "1"}}}],
+                        labels={"app": "x"}))
+    # before Kubernetes 1.28 there are no matchConditions: every pod is sent
+    (old,) = one(render(None, "1.27.0"), "ValidatingWebhookConfiguration")["webhooks"]
+    assert "matchConditions" not in old
+
+
+# --- monitoring ------------------------------------------------------------------------------
+
+# Metric names the dashboard may use, as the extender and the node agent export them
+# (prometheus_client adds _total to counters and _bucket/_sum/_count to histograms).
+DECLARED = {
+    "sharegpu_gpu_memory_total", "sharegpu_gpu_memory_allocated",
+    "sharegpu_gpu_core_allocated_percent", "sharegpu_gpu_pods",
+    "sharegpu_node_gpu_memory_allocated", "sharegpu_node_gpu_memory_total",
+    "sharegpu_extender_decisions_total", "sharegpu_extender_request_seconds_bucket",
+    "sharegpu_extender_failures_total", "sharegpu_extender_leader",
+    "sharegpu_extender_state_drift_total", "sharegpu_extender_state_drift_pods",
+    "sharegpu_extender_relists_total", "sharegpu_extender_rebuild_seconds",
+    "sharegpu_extender_events_total",
+    "sharegpu_agent_gpus", "sharegpu_agent_gpu_healthy", "sharegpu_agent_mode_info",
+    "sharegpu_agent_registrations_total", "sharegpu_agent_allocations_total",
+    "sharegpu_agent_allocation_failures_total",
+}
+
+
+def exported_metrics() -> set[str]:
+    """Names declared in the components' metrics modules where they are present in this tree
+    (then they are the truth), else the list above."""
+    found: set[str] = set()
+    for mod in ("extender", "agent"):
+        path = ROOT / "src" / "sharegpu" / mod / "metrics.py"
+        if not path.is_file():
+            return DECLARED
+        text = path.read_text()
+        for name in set(re.findall(r"\bsharegpu_[a-z_]+", text)):
+            found.add(name)
+            if re.search(rf'Counter\(\s*"{name}"', text) or name.endswith("_total"):
+                found.add(name.removesuffix("_total") + "_total")
+            if re.search(rf'Histogram\(\s*"{name}"', text):
+                found |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+    return found
+
+
+def dashboard() -> dict:
+    return json.loads((CHART / "dashboards" / "sharegpu.json").read_text())
+
+
+def test_dashboard_uses_only_exported_metrics():
+    dash = dashboard()
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    assert len(exprs) >= 15
+    used = {m for e in exprs for m in re.findall(r"\bsharegpu_[a-z_]+", e)}
+    assert used <= exported_metrics(), used - exported_metrics()
+    # the cluster figure of kubectl inspect cgpu, the extender's health and the agents'
+    assert {"sharegpu_gpu_memory_allocated", "sharegpu_extender_request_seconds_bucket",
+            "sharegpu_extender_leader", "sharegpu_agent_gpu_healthy"} <= used
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids)) and dash["uid"] == "sharegpu-overview"
+    for p in dash["panels"]:
+        g = p["gridPos"]
+        assert g["x"] + g["w"] <= 24
+
+
+def test_service_monitors_scrape_named_ports_and_dashboard_configmap():
+    docs = render("monitoring.yaml")
+    for comp, port in (("extender", "http"), ("agent", "metrics")):
+        sm = one(docs, "ServiceMonitor", comp)
+        svc = one(docs, "Service", comp)
+        assert sm["spec"]["selector"]["matchLabels"].items() <= \
+            svc["metadata"]["labels"].items()
+        assert sm["spec"]["endpoints"][0]["port"] == port
+        assert port in [p["name"] for p in svc["spec"]["ports"]]
+        assert sm["metadata"]["labels"]["release"] == "prometheus"
+    cm = one(docs, "ConfigMap", "dashboard")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(cm["data"]["sharegpu.json"]) == dashboard()
+    assert not [d for d in render(None) if d["kind"] == "ServiceMonitor"]
+
+
+# --- the image -------------------------------------------------------------------------------
+
+# the agreed command-line interface of the components the chart starts
+AGREED = {
+    "extender": ["--listen", "--policy", "--tls-cert", "--tls-key", "--kubeconfig",
+                 "--lease-namespace", "--lease-name", "--id", "--check-every", "--log-level",
+                 "--no-leader-election"],
+    "agent": ["--node-name", "--device-plugin-dir", "--state-dir", "--isolation", "--nvml",
+              "--fake-gpus", "--kubeconfig", "--metrics-listen", "--hami-library",
+              "--mps-pipe-dir", "--log-level"],
+    "webhook": ["--listen", "--tls-cert", "--tls-key", "--insecure", "--log-level"],
+}
+
+
+def parse_component_args(args: list[str]) -> None:
+    """Parse a container's args with the real ``sharegpu`` CLI when the component's command
+    module is in this tree, else with a parser of the agreed flags."""
+    import argparse
+
+    comp = args[0]
+    try:
+        importlib.import_module(f"sharegpu.commands.{comp}")
+    except ModuleNotFoundError:
+        p = argparse.ArgumentParser(prog=f"sharegpu {comp}", exit_on_error=False)
+        for flag in AGREED[comp]:
+            if flag in ("--no-leader-election", "--insecure"):
+                p.add_argument(flag, action="store_true")
+            else:
+                p.add_argument(flag)
+        p.parse_args(args[1:])
+        return
+    from sharegpu.cli import build_parser
+
+    parser, _ = build_parser()
+    parser.parse_args(args)
+
+
+@pytest.mark.parametrize("values", [None, *EXAMPLES])
+def test_chart_starts_components_with_flags_they_accept(values):
+    docs = render(values)
+    for d in docs:
+        if d["kind"] in ("Deployment", "DaemonSet") and "scheduler" not in d["metadata"]["name"]:
+            c = container(d)
+            assert c["image"] == "ghcr.io/sharegpu/sharegpu:0.1.0"
+            resolved = [a.replace("$(POD_NAME)", "pod").replace("$(NODE_NAME)", "node")
+                        for a in c["args"]]
+            parse_component_args(resolved)
+
+
+def dockerfile() -> list[tuple[str, str]]:
+    text = (ROOT / "Dockerfile").read_text()
+    text = re.sub(r"\\\n", " ", text)
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def test_dockerfile_builds_one_image_for_every_component():
+    """No container engine here: the Dockerfile is checked for structure, not built."""
+    ins = dockerfile()
+    known = {"FROM", "RUN", "COPY", "WORKDIR", "ENV", "USER", "ENTRYPOINT", "CMD", "LABEL",
+             "ARG", "EXPOSE"}
+    assert {w for w, _ in ins} <= known
+    froms = [rest for w, rest in ins if w == "FROM"]
+    assert froms and all(re.match(r"python:3\.1[1-9][\w.-]*(\s+AS\s+\w+)?$", f) for f in froms)
+    runs = " ".join(rest for w, rest in ins if w == "RUN")
+    assert "pip wheel" in runs and "pip install --no-cache-dir /wheels/*.whl" in runs
+    copies = [rest for w, rest in ins if w == "COPY"]
+    assert "pyproject.toml README.md ./" in copies and "src ./src" in copies
+    # the image checks both console scripts exist
+    assert "sharegpu --help" in runs and "kubectl-inspect-cgpu --help" in runs
+    assert ("ENTRYPOINT", '["sharegpu"]') in ins
+    assert ins[-1][0] == "CMD" and [rest for w, rest in ins if w == "USER"] == ["65532:65532"]
+    import tomllib
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["sharegpu"] == "sharegpu.cli:main"
+    assert scripts["kubectl-inspect-cgpu"] == "sharegpu.inspect_cgpu.cli:main"
+    # what the chart runs: `sharegpu <component>` for the three components
+    subcommands = {args_of(d)[0] for d in render(None) if d["kind"] in ("Deployment", "DaemonSet")
+                   and "scheduler" not in d["metadata"]["name"]}
+    assert subcommands == {"extender", "agent", "webhook"}
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert ".venv" in ignored and ".git" in ignored and "src" not in ignored
+
+
+@pytest.mark.parametrize("kube", ["1.25.0", "1.28.0", "1.33.0"])
+def test_default_render_is_valid_across_supported_kubernetes_versions(kube):
+    docs = render(None, kube)
+    for d in docs:
+        kubernetes_validate.validate(d, kube, strict=True)
+    image = container(one(docs, "Deployment", "scheduler"))["image"]
+    assert image == f"registry.k8s.io/kube-scheduler:v{kube}"
+    (hook,) = one(docs, "ValidatingWebhookConfiguration")["webhooks"]
+    assert ("matchConditions" in hook) == (kube != "1.25.0")
+    r = run_helm("template", "x", str(CHART), "--kube-version", "1.24.9")
+    assert r.returncode != 0 and "kubeVersion" in r.stderr + r.stdout

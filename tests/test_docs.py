@@ -1,0 +1,79 @@
+"""docs/quickstart.md: its manifests are valid, its sample job asks for what the seed's does,
+and the `kubectl inspect cgpu` output it shows is what the tool prints for that cluster."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import kubernetes_validate
+import yaml
+
+import cgpu_cluster as cc
+from sharegpu.inspect_cgpu import render
+from sharegpu.inspect_cgpu.model import build
+from sharegpu.request import Kind, parse_pod
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = (ROOT / "docs" / "quickstart.md").read_text()
+
+
+def blocks(lang: str) -> list[str]:
+    """Contents of the fenced code blocks tagged ``lang`` ('' for untagged ones)."""
+    out: list[str] = []
+    current: list[str] | None = None
+    tag = ""
+    for line in DOC.splitlines(keepends=True):
+        if line.startswith("```"):
+            if current is None:
+                current, tag = [], line[3:].strip()
+            else:
+                if tag == lang:
+                    out.append("".join(current))
+                current = None
+        elif current is not None:
+            current.append(line)
+    return out
+
+
+def test_sample_job_is_valid_and_asks_for_2_gib_and_30_percent():
+    (job,) = [yaml.safe_load(b) for b in blocks("yaml")]
+    kubernetes_validate.validate(job, "1.30.0", strict=True)
+    template = job["spec"]["template"]
+    req = parse_pod({"metadata": {"name": "cuda-sample-x", **template["metadata"]},
+                     "spec": template["spec"]})
+    assert req.kind is Kind.SHARED_CORE
+    (c,) = req.containers
+    assert (c.gpu_mem, c.gpu_core, c.gpus) == (2, 30, 1)
+    assert template["spec"]["schedulerName"] == "ack-co-scheduler"
+
+
+def test_inspect_output_in_the_doc_is_the_tools_output():
+    doc = cc.quickstart()
+    items = doc["items"]
+    nodes = [i for i in items if i["kind"] == "Node"]
+    view = build(nodes, [i for i in items if i["kind"] == "Pod"])
+    plain = blocks("")
+    assert render.summary(view) in plain
+    assert render.details(view) in plain
+
+
+def test_doc_covers_install_label_check_inspect_upgrade_uninstall():
+    bash = "\n".join(blocks("bash"))
+    for cmd in ["helm install sharegpu charts/sharegpu", "ack.node.gpu.schedule=core_mem",
+                "ack.node.gpu.schedule=default --overwrite",
+                "grep -E 'aliyun\\.com/gpu-core\\.percentage|aliyun\\.com/gpu-mem'",
+                "kubectl apply -f cuda-sample.yaml", "kubectl inspect cgpu",
+                "kubectl get nodes,pods -A -o json > cluster-dump.json",
+                "kubectl inspect cgpu -d --file cluster-dump.json",
+                "helm upgrade sharegpu charts/sharegpu", "helm uninstall sharegpu"]:
+        assert cmd in bash, cmd
+    # every example values file the doc names exists
+    for name in re.findall(r"`([a-z-]+\.yaml)`", DOC):
+        if name != "cuda-sample.yaml":
+            assert (ROOT / "charts" / "sharegpu" / "examples" / name).is_file(), name
+
+
+def test_readme_points_to_the_quickstart():
+    readme = (ROOT / "README.md").read_text()
+    assert "docs/quickstart.md" in readme and "kubectl inspect cgpu" in readme
