@@ -83,7 +83,7 @@ class Driver:
     replica reports ready (as a Service in front of the replicas would)."""
 
     def __init__(self, urls: Callable[[], Sequence[str]], node_names: list[str],
-                 workers: int = 8, bind_retries: int = 8, seed: int = 5) -> None:
+                 workers: int = 8, bind_retries: int = 20, seed: int = 5) -> None:
         self.urls = urls
         self.node_names = node_names
         self.workers = workers
@@ -122,7 +122,7 @@ class Driver:
         m = pod["metadata"]
         key = f"{m['namespace']}/{m['name']}"
         last = ""
-        for _ in range(self.bind_retries):
+        for attempt in range(self.bind_retries):
             f = await self._post(s, "filter", {"Pod": pod, "NodeNames": self.node_names})
             if f.get("Error"):
                 last = f["Error"]
@@ -145,7 +145,7 @@ class Driver:
                 return
             last = b["Error"]
             self.out.bind_errors += 1
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01 * attempt)  # kube-scheduler backs off, then retries
         self.out.failed[key] = last
 
     async def run(self, pods: list[dict[str, Any]],

@@ -74,7 +74,7 @@ def _check(fake: Any, pods: list[dict[str, Any]], replicas: list[Replica], out: 
         elif not (reasons.get(key, set()) & REASONS):
             lost.append(key)
     assert lost == []
-    assert out.failed == {}
+    assert out.failed == {}, out.failed
     for key, node in out.bound.items():
         assert bound[key] == node, key
     n_bound = sum(1 for v in bound.values() if v)
