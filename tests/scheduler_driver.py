@@ -83,12 +83,14 @@ class Driver:
     replica reports ready (as a Service in front of the replicas would)."""
 
     def __init__(self, urls: Callable[[], Sequence[str]], node_names: list[str],
-                 workers: int = 8, bind_retries: int = 20, seed: int = 5) -> None:
+                 workers: int = 8, bind_retries: int = 20, seed: int = 5,
+                 bound_in_api: Callable[[str, str], str | None] | None = None) -> None:
         self.urls = urls
         self.node_names = node_names
         self.workers = workers
         self.bind_retries = bind_retries
         self.rng = random.Random(seed)
+        self.bound_in_api = bound_in_api
         self.out = Outcome()
         self.done = 0
         self._url = ""
@@ -145,6 +147,11 @@ class Driver:
                 return
             last = b["Error"]
             self.out.bind_errors += 1
+            # kube-scheduler's informer: a pod bound after all (a lost answer) is not retried
+            node_now = self.bound_in_api(m["namespace"], m["name"]) if self.bound_in_api else None
+            if node_now:
+                self.out.bound[key] = node_now
+                return
             await asyncio.sleep(0.01 * attempt)  # kube-scheduler backs off, then retries
         self.out.failed[key] = last
 

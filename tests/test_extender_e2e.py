@@ -37,6 +37,14 @@ def _setup(fake: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return nodes, [stored[(p["metadata"]["namespace"], p["metadata"]["name"])] for p in pods]
 
 
+def _bound_in(fake: Any) -> Any:
+    def node_of(namespace: str, name: str) -> str | None:
+        pod = fake.get("pods", name, namespace) or {}
+        return (pod.get("spec") or {}).get("nodeName")
+
+    return node_of
+
+
 def _replica(fake: Any, name: str) -> Replica:
     return Replica(KubeApi.from_url(fake.url), identity=name, lease_duration=2.0,
                    renew_deadline=1.4, retry_period=0.4, check_every=1.0)
@@ -160,7 +168,8 @@ def test_faults_and_leader_loss(fake_api_factory: Any) -> None:
 
         try:
             driver = Driver(lambda: [f"http://127.0.0.1:{r.port}" for r in alive],
-                            [n["metadata"]["name"] for n in nodes], workers=8)
+                            [n["metadata"]["name"] for n in nodes], workers=8,
+                            bound_in_api=_bound_in(fake))
             out = await driver.run(pods, on_progress=chaos)
             fake.faults.clear()
             await _settle(alive, fake)

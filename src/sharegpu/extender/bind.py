@@ -101,8 +101,11 @@ class Binder:
         seen = self._seen.pop(args.key, None)
         if seen is not None and (not args.pod_uid or seen.uid == args.pod_uid):
             placed = self.view().placed.get(args.key)
-            if placed is not None and placed[1] == args.node:
-                return BindOutcome(args.node, placed[2].gpus, already=True)
+            if placed is not None:
+                if placed[1] == args.node:
+                    return BindOutcome(args.node, placed[2].gpus, already=True)
+                raise BindError("bound-elsewhere",
+                                f"pod {args.key} is already bound to {placed[1]}")
             out = await self._bind(args, seen.request, seen.uid, seen.resource_version,
                                    hinted=True)
             if out is not None:
