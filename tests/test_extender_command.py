@@ -10,15 +10,16 @@ import ssl
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
-import trustme
 
 from sharegpu import kobjects
 from sharegpu.cli import main
+from sharegpu.testing.tls import make_certificates
 
 
 def free_port() -> int:
@@ -49,14 +50,9 @@ def post(url: str, body: Any, ctx: ssl.SSLContext | None = None) -> Any:
 
 
 def certs(tmp_path: Path) -> tuple[Path, Path, ssl.SSLContext]:
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    crt, key = tmp_path / "tls.crt", tmp_path / "tls.key"
-    cert.private_key_and_cert_chain_pem.write_to_path(str(crt))
-    cert.private_key_pem.write_to_path(str(key))
-    client = ssl.create_default_context()
-    ca.configure_trust(client)
-    return crt, key, client
+    files = make_certificates(tmp_path)
+    client = ssl.create_default_context(cafile=str(files.ca_cert))
+    return files.cert, files.key, client
 
 
 def spawn(*args: str) -> subprocess.Popen[bytes]:
@@ -129,3 +125,46 @@ def test_bad_flags_are_refused_clearly(argv: list[str], needle: str,
                                        capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_bad_gpu_request_cannot_be_submitted(fake_api: Any, tmp_path: Path) -> None:
+    """The API server, with the webhook registered (failurePolicy Fail), refuses the pod at
+    submission with the rule's message; a good pod is created. Once the webhook is gone, the
+    API server refuses every pod (fail closed)."""
+    files = make_certificates(tmp_path)
+    crt, key, ca = files.cert, files.key, files.ca_cert
+    port = free_port()
+    p = spawn("webhook", "--listen", f"127.0.0.1:{port}", "--tls-cert", str(crt),
+              "--tls-key", str(key))
+    url = f"https://127.0.0.1:{port}/validate"
+    fake_api.add_validating_webhook("pods.validate.sharegpu.io", url, resources=("pods",),
+                                    operations=("CREATE",), ca_file=ca, failure_policy="Fail")
+    api = f"{fake_api.url}/api/v1/namespaces/default/pods"
+    try:
+        wait_ok(f"https://127.0.0.1:{port}/healthz", certs_client(ca))
+        status, body = create(api, kobjects.pod("bad", mem=4, core=33))
+        assert status in (400, 403, 422), body
+        assert ('spec.containers[0].resources.limits["aliyun.com/gpu-core.percentage"]=\'33\': '
+                "must be a multiple of 5 between 5 and 100") in body["message"]
+        assert fake_api.get("pods", "bad") is None
+        status, body = create(api, kobjects.pod("good", mem=4, core=30))
+        assert status == 201, body
+    finally:
+        stop(p)
+    status, body = create(api, kobjects.pod("later", mem=4))
+    assert status >= 500 or status == 403, body  # webhook down: refused, not let through
+    assert fake_api.get("pods", "later") is None
+
+
+def certs_client(ca: Path) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(ca))
+
+
+def create(url: str, pod: dict[str, Any]) -> tuple[int, Any]:
+    req = urllib.request.Request(url, data=json.dumps(pod).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=15) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
