@@ -274,3 +274,18 @@ def test_workload_is_handed_over_again_only_when_it_moved() -> None:
     assert v.workload is learnt
     place(8, 40)  # the mix moved: re-learnt
     assert v.workload is not learnt and set(v.workload.gpu.tolist()) == {2, 8}
+
+
+def test_topology_pods_get_the_best_connected_gpus() -> None:
+    import json
+
+    from sharegpu import names
+
+    links = [["X", "SYS", "SYS", "SYS"], ["SYS", "X", "NV2", "SYS"],
+             ["SYS", "NV2", "X", "SYS"], ["SYS", "SYS", "SYS", "X"]]
+    node = kobjects.node("t", [80] * 4, "topology")
+    node["metadata"]["annotations"][names.ANN_NODE_GPU_TOPOLOGY] = json.dumps(links)
+    v = ClusterView()
+    v.reset([node], [])
+    r = v.reserve(parse_pod(kobjects.pod("p", topology=2)), "t")
+    assert r.alloc.gpus == (1, 2)  # the NVLink pair, not the lowest indices
