@@ -188,3 +188,23 @@ def test_registered_and_needs_a_workload() -> None:
     with pytest.raises(ValueError, match="target workload"):
         pol.prepare(ClusterState([node("a", 1)]), None)
     assert resolve("strand") == "strand"
+
+
+def test_strand_is_the_default_policy() -> None:
+    assert resolve("default") == "strand"
+    assert type(get_policy("default")) is type(get_policy("strand"))
+
+
+def test_multi_container_pod_is_placed_through_the_slow_path() -> None:
+    from sharegpu.request import ContainerRequest, Kind, PodRequest
+
+    nodes = [node("a", 2), node("b", 2)]
+    s = scheduler("strand", nodes, [WHOLE] * 10, order=[0, 1])
+    fill_gpus(s, "a", [0])
+    c0 = ContainerRequest(0, "main", gpu_mem=600, gpus=1)
+    c1 = ContainerRequest(1, "side", gpu_mem=300, gpus=1)
+    req = PodRequest("ns", "two", Kind.SHARED, (c0, c1), cpu_milli=1_000, mem_mib=1_000)
+    d = s.schedule(req)
+    # both containers fit on a's last free GPU, which keeps b whole for whole-GPU pods
+    assert d is not None and d.node_name == "a"
+    assert set(d.alloc.gpus) == {1}

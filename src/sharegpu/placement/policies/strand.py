@@ -31,7 +31,7 @@ from ..stranding import StrandingModel
 from .fgd import FragmentationModel, sigmoid_score
 
 SCALE = 1000.0  # one GPU in the simulator's milli-GPU
-QUANTUM = 200.0  # gains of R closer than this tie (so that ties still go to the node order)
+QUANTUM = 500.0  # gains of R closer than this tie (so that ties still go to the node order)
 WEIGHT_CAP = 10.0  # the largest scarcity weight of a shape
 
 
