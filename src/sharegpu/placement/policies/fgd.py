@@ -125,7 +125,7 @@ class FGD(Policy):
         gpu_out = np.full(len(nodes), -1, dtype=np.int64)
         if not req.containers:
             after = self.model.rows(free, cpu, model)
-            return self.rate(before, after, free, cpu, model), gpu_out
+            return sigmoid_score(before - after), gpu_out
         c = req.containers[0]
         if c.gpus > 1:
             # the tightest GPUs that fit, lowest index first among equals (as best fit takes)
@@ -135,7 +135,7 @@ class FGD(Policy):
             np.put_along_axis(take, rank[:, : c.gpus], True, axis=1)
             rows = free - (take & fits) * c.gpu_mem
             after = self.model.rows(rows, cpu, model)
-            return self.rate(before, after, rows, cpu, model), gpu_out
+            return sigmoid_score(before - after), gpu_out
         fits = state.gpu_fits(c, nodes)
         w = free.shape[1]
         # the first GPU of each distinct free amount stands for all GPUs with that amount
@@ -146,7 +146,7 @@ class FGD(Policy):
         rows = free[ri].copy()
         rows[np.arange(len(ri)), gj] -= c.gpu_mem
         after = self.model.rows(rows, cpu[ri], model[ri])
-        s = self.rate(before[ri], after, rows, cpu[ri], model[ri])
+        s = sigmoid_score(before[ri] - after)
         # per node: the highest score, lowest GPU index among equals
         order = np.lexsort((gj, -s, ri))
         ri, gj, s = ri[order], gj[order], s[order]
@@ -156,15 +156,6 @@ class FGD(Policy):
         score[ri[first]] = s[first]
         gpu_out[ri[first]] = gj[first]
         return score, gpu_out
-
-    def rate(
-        self, before: np.ndarray, after: np.ndarray, rows: np.ndarray, cpu: np.ndarray,
-        model: np.ndarray,
-    ) -> np.ndarray:
-        """Score of each candidate move from its F before and after and the node row after
-        it (free GPU amounts ``rows``, free CPU ``cpu``, model ids); policies built on FGD's
-        machinery override this."""
-        return sigmoid_score(before - after)
 
     def _score_slow(self, state: ClusterState, req: PodRequest, nodes: np.ndarray) -> np.ndarray:
         """Pods with several containers or compute requests: evaluate each node's best-fit
@@ -179,7 +170,7 @@ class FGD(Policy):
                     rows[r, gpu] -= v
         cpu = state.cpu_free[nodes] - req.cpu_milli
         after = self.model.rows(rows, cpu, state.model[nodes])
-        return self.rate(before, after, rows, cpu, state.model[nodes])
+        return sigmoid_score(before - after)
 
     def select(self, state: ClusterState, req: PodRequest, node: int) -> Allocation | None:
         strategy = node_strategy(state, node, "fgd")
