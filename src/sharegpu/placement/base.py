@@ -19,7 +19,7 @@ from ..state import ClusterState
 from .gpus import assign, node_strategy, request_strategy
 
 _REGISTRY: dict[str, type[Policy]] = {}
-ALIASES: dict[str, str] = {"default": "fgd"}
+ALIASES: dict[str, str] = {"default": "strand"}
 
 
 class Policy:

@@ -26,20 +26,37 @@ class TargetWorkload:
     k: np.ndarray  # [T] int64
     p: np.ndarray  # [T] float64, sums to 1
     models: tuple[frozenset[str] | None, ...]
+    #: [T] float64 mean host memory (MiB) of the pods of each shape; zeros when unknown. FGD
+    #: ignores it; policies that also watch host memory read it.
+    mem: np.ndarray | None = None
+    #: every shape of the history (coverage 1), when this workload was cut at a lower coverage
+    full: TargetWorkload | None = None
 
     @property
     def size(self) -> int:
         return len(self.p)
 
     @classmethod
-    def from_shapes(cls, shapes: Iterable[Shape], coverage: float = 0.95) -> TargetWorkload:
+    def from_shapes(
+        cls, shapes: Iterable[Shape], coverage: float = 0.95,
+        mem: Iterable[float] | None = None,
+    ) -> TargetWorkload:
         """The most frequent shapes until they cover ``coverage`` of the pods (the shape that
-        crosses the line included), renormalised. Ties in frequency: larger shape first."""
+        crosses the line included), renormalised. Ties in frequency: larger shape first.
+        ``mem``, when given, is each pod's host memory, in the order of ``shapes``; the
+        workload then keeps each shape's mean memory. When the cut leaves shapes out, the
+        uncut distribution is kept as :attr:`full`."""
+        shapes = list(shapes)
         counts = Counter(shapes)
         if not counts:
             raise ValueError("a target workload needs at least one pod shape")
-        total = sum(counts.values())
+        mems = None if mem is None else [float(m) for m in mem]
+        mem_sum: dict[Shape, float] = {}
+        if mems is not None:
+            for shape, m in zip(shapes, mems, strict=True):
+                mem_sum[shape] = mem_sum.get(shape, 0.0) + m
         items = sorted(counts.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)
+        total = sum(counts.values())
         expected = coverage * total
         taken: list[tuple[Shape, int]] = []
         cum = 0
@@ -48,14 +65,23 @@ class TargetWorkload:
                 break
             taken.append((shape, n))
             cum += n
-        denom = total if len(taken) == len(items) else cum
+        return cls._build(taken, cum, mem_sum, _full(shapes, mems, cls))
+
+    @classmethod
+    def _build(
+        cls, taken: list[tuple[Shape, int]], denom: int, mem_sum: dict[Shape, float],
+        full: TargetWorkload | None,
+    ) -> TargetWorkload:
         return cls(
             cpu=np.array([s[0] for s, _ in taken], dtype=np.int64),
             gpu=np.array([s[1] for s, _ in taken], dtype=np.int64),
             k=np.array([s[2] for s, _ in taken], dtype=np.int64),
             p=np.array([n / denom for _, n in taken], dtype=np.float64),
             models=tuple(frozenset(s[3].split("|")) - {""} or None for s, _ in taken),
+            mem=np.array([mem_sum.get(s, 0.0) / n for s, n in taken], dtype=np.float64),
+            full=full,
         )
+
 
     def access(self, model_ids: dict[str, int]) -> np.ndarray:
         """[T, model ids] mask: may shape t run on a node of that model."""
@@ -68,6 +94,24 @@ class TargetWorkload:
                 if name in allowed:
                     out[t, i] = True
         return out
+
+
+def _full(
+    shapes: list[Shape], mem: list[float] | None, cls: type[TargetWorkload]
+) -> TargetWorkload:
+    """Every shape of the history, memory included in the shape when known."""
+    mems = mem if mem is not None else [0.0] * len(shapes)
+    counts = Counter(zip(shapes, mems, strict=True))
+    items = sorted(counts.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)
+    total = sum(counts.values())
+    return cls(
+        cpu=np.array([s[0] for (s, _), _ in items], dtype=np.int64),
+        gpu=np.array([s[1] for (s, _), _ in items], dtype=np.int64),
+        k=np.array([s[2] for (s, _), _ in items], dtype=np.int64),
+        p=np.array([n / total for _, n in items], dtype=np.float64),
+        models=tuple(frozenset(s[3].split("|")) - {""} or None for (s, _), _ in items),
+        mem=np.array([m for (_, m), _ in items], dtype=np.float64),
+    )
 
 
 def fragmentation(

@@ -46,5 +46,8 @@ def stream(
 
 
 def target_workload(pods: Sequence[TracePod], coverage: float = DEFAULT_COVERAGE) -> TargetWorkload:
-    """The FGD target workload: the trace's own pod shapes (memory ignored)."""
-    return TargetWorkload.from_shapes((p.shape for p in pods), coverage)
+    """The FGD target workload: the trace's own pod shapes (memory is not part of a shape;
+    each shape carries its pods' mean memory for policies that watch host memory)."""
+    return TargetWorkload.from_shapes(
+        [p.shape for p in pods], coverage, mem=[p.mem_mib for p in pods]
+    )

@@ -1,0 +1,131 @@
+"""What a node's free GPUs are worth to the pods still to come, counting CPU, memory and models.
+
+For a pod shape ``t`` of the history (per-GPU share ``m``, ``k`` GPUs, CPU ``c``, memory ``r``,
+allowed models) and one node:
+
+* ``gpu_t`` = GPU that pods of ``t`` could use: the sum of the free amounts ``L_i >= m``
+  (0 unless at least ``k`` GPUs qualify and the node's model is allowed);
+* ``cap_t`` = how many pods of ``t`` the node's free CPU and memory still admit,
+  ``min(cpu // c, mem // r)``; the GPU they could take is ``cap_t · k · m``;
+* usable ``u_t = min(gpu_t, cap_t · k · m)``.
+
+Two measures are built on it, each a sum over shapes weighted by ``p_t · w_t`` where ``p_t`` is
+the shape's share of the history and ``w_t`` its *scarcity* (all GPUs / GPUs on nodes that could
+host ``t`` at all, capped): a shape that only a few nodes can host weighs more, since losing one
+of them costs it a larger share of its homes.
+
+* ``resources``: ``R = Σ p_t w_t (gpu_t − u_t)``, the GPU that shape ``t`` could use were it
+  not for the node's CPU or memory running out first. FGD's fragmentation misses this: a node
+  with 6 free GPUs and CPU left for one pod strands 5 of them, yet FGD sees no fragment.
+* ``claim``: ``V = −Σ p_t w_t u_t`` over the model-restricted shapes only: the capacity that
+  pods which may run on a few GPU models only can still use here. A placement that eats it
+  costs more when it sits on a scarce model.
+
+Units are the state's GPU memory units (milli-GPU in the simulator).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .fragmentation import TargetWorkload
+
+MEASURES = ("resources", "claim")
+
+
+class StrandingModel:
+    """One of :data:`MEASURES` for node rows, identical rows computed once."""
+
+    def __init__(
+        self, workload: TargetWorkload, model_ids: dict[str, int], measure: str = "resources"
+    ) -> None:
+        if measure not in MEASURES:
+            raise ValueError(f"measure must be one of {', '.join(MEASURES)}")
+        self.measure = measure
+        keep = workload.gpu > 0
+        if measure == "claim":
+            keep &= np.array([m is not None for m in workload.models], dtype=bool)
+        self.gpu = workload.gpu[keep].astype(np.int64)
+        self.k = workload.k[keep].astype(np.int64)
+        self.cpu = workload.cpu[keep].astype(np.int64)
+        mem = workload.mem if workload.mem is not None else np.zeros(workload.size)
+        self.mem = np.asarray(mem, dtype=np.float64)[keep]
+        #: per-shape weights (the history's shares until :meth:`weigh` scales them)
+        self.p = workload.p[keep].astype(np.float64)
+        self.workload = workload
+        self._keep = keep
+        self._models = -1
+        self.access = np.zeros((0, 0), dtype=bool)
+        self.refresh(model_ids)
+
+    @property
+    def size(self) -> int:
+        return len(self.p)
+
+    def refresh(self, model_ids: dict[str, int]) -> None:
+        if len(model_ids) != self._models:
+            self.access = self.workload.access(model_ids)[self._keep]
+            self._models = len(model_ids)
+
+    def scarcity(
+        self, gpus: np.ndarray, cpu: np.ndarray, mem: np.ndarray, model: np.ndarray,
+        cap: float,
+    ) -> np.ndarray:
+        """[T] all GPUs / GPUs on the nodes that could host shape t when empty, at most
+        ``cap``; nodes given by their GPU count, CPU and memory capacity and model id."""
+        hosts = (
+            (gpus[:, None] >= self.k[None, :])
+            & (cpu[:, None] >= self.cpu[None, :])
+            & (mem[:, None] >= self.mem[None, :])
+            & self.access[:, model].T
+        )
+        total = float(gpus.sum())
+        supply = (hosts * gpus[:, None]).sum(axis=0).astype(np.float64)
+        return np.minimum(total / np.maximum(supply, 1.0), cap)
+
+    def weigh(self, weights: np.ndarray) -> None:
+        self.p = self.p * weights
+
+    def rows(
+        self, free: np.ndarray, cpu: np.ndarray, mem: np.ndarray, model: np.ndarray
+    ) -> np.ndarray:
+        """The measure for each row: ``free`` [R, W] free GPU per slot (0 for missing slots),
+        free ``cpu`` and ``mem`` [R], ``model`` [R] model ids."""
+        if len(free) == 0 or self.size == 0:
+            return np.zeros(len(free))
+        f, c, m, mo, inv = _unique(free, cpu, mem, model)
+        return self._rows(f, c, m, mo)[inv]
+
+    def _rows(
+        self, free: np.ndarray, cpu: np.ndarray, mem: np.ndarray, model: np.ndarray
+    ) -> np.ndarray:
+        fit = free[:, :, None] >= self.gpu[None, None, :]  # [R, W, T]
+        ok = (fit.sum(axis=1) >= self.k[None, :]) & self.access[:, model].T
+        gpu_use = np.where(ok, np.einsum("rw,rwt->rt", free, fit, dtype=np.float64), 0.0)
+        by_cpu = np.where(
+            self.cpu > 0, np.floor(cpu[:, None] / np.maximum(self.cpu, 1)), np.inf
+        )
+        by_mem = np.where(
+            self.mem > 0, np.floor(mem[:, None] / np.maximum(self.mem, 1.0)), np.inf
+        )
+        cap = np.maximum(np.minimum(by_cpu, by_mem), 0.0) * (self.k * self.gpu)[None, :]
+        usable = np.minimum(gpu_use, cap)
+        per_shape = gpu_use - usable if self.measure == "resources" else -usable
+        # a row-wise sum so that equal rows give bit-equal values whatever the batch
+        return (per_shape * self.p[None, :]).sum(axis=1)
+
+
+def _unique(
+    free: np.ndarray, cpu: np.ndarray, mem: np.ndarray, model: np.ndarray
+) -> tuple[np.ndarray, ...]:
+    """Rows with GPU amounts sorted (the measures ignore GPU order), de-duplicated, and the
+    inverse index."""
+    srt = -np.sort(-free, axis=1)
+    key = np.concatenate(
+        [srt, cpu[:, None], mem[:, None].astype(np.int64), model[:, None].astype(np.int64)],
+        axis=1,
+    )
+    key = np.ascontiguousarray(key)
+    void = key.view(np.dtype((np.void, key.dtype.itemsize * key.shape[1]))).ravel()
+    _, first, inverse = np.unique(void, return_index=True, return_inverse=True)
+    return srt[first], cpu[first], mem[first], model[first], inverse.ravel()
