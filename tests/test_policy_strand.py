@@ -208,3 +208,27 @@ def test_multi_container_pod_is_placed_through_the_slow_path() -> None:
     # both containers fit on a's last free GPU, which keeps b whole for whole-GPU pods
     assert d is not None and d.node_name == "a"
     assert set(d.alloc.gpus) == {1}
+
+
+def test_strand_in_gib_units_stays_decisive():
+    # a cluster's state counts GiB, not milli-GPU: scores are scaled by one GPU, so the
+    # hole-filling choice FGD makes in the simulator's units is made in GiB too
+    from sharegpu.annotations import Allocation
+    from sharegpu.placement import get_policy
+    from sharegpu.placement.fragmentation import TargetWorkload
+    from sharegpu.request import ContainerRequest, Kind, PodRequest
+    from sharegpu.scheduler import Scheduler
+    from sharegpu.state import ClusterState, NodeSpec
+
+    def pod(name, gib):
+        return PodRequest("default", name, Kind.SHARED, (ContainerRequest(0, "m", gpu_mem=gib),))
+
+    wl = TargetWorkload.from_shapes([(0, 8, 1, "")] * 9 + [(0, 4, 1, "")])
+    s = ClusterState([NodeSpec(n, [16, 16]) for n in "ab"])
+    s.reserve(pod("hole", 12), "a", Allocation(mem={0: {0: 12}}))
+    pol = get_policy("strand")
+    pol.prepare(s, wl)
+    d = Scheduler(s, pol).decide(pod("small", 4))
+    assert d.node_name == "a" and d.alloc.mem == {0: {0: 4}}
+    s.set_order([1, 0])  # b first in the order: the score, not the tie-break, decides
+    assert Scheduler(s, pol).decide(pod("small", 4)).node_name == "a"

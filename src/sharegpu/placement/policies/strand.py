@@ -28,10 +28,9 @@ from ..fragmentation import TargetWorkload
 from ..gpus import assign, node_strategy
 from ..nodecache import ShapeCache
 from ..stranding import StrandingModel
-from .fgd import FragmentationModel, sigmoid_score
+from .fgd import PAPER_SCALE, FragmentationModel, gpu_scale, sigmoid_score
 
-SCALE = 1000.0  # one GPU in the simulator's milli-GPU
-QUANTUM = 500.0  # gains of R closer than this tie (so that ties still go to the node order)
+QUANTUM = 0.5  # gains of R closer than half a GPU tie (so that ties still go to the node order)
 WEIGHT_CAP = 10.0  # the largest scarcity weight of a shape
 
 
@@ -53,6 +52,7 @@ class Strand(Policy):
     def __init__(self, **options: object) -> None:
         super().__init__(**options)
         self.model: StrandingModel | None = None  # R
+        self.scale = PAPER_SCALE
         self.frag: FragmentationModel  # F
         self.claim: StrandingModel  # V
         self._reset()
@@ -65,6 +65,7 @@ class Strand(Policy):
         if not isinstance(workload, TargetWorkload):
             raise ValueError("strand needs a target workload (a TargetWorkload)")
         self.frag = FragmentationModel(state, workload)
+        self.scale = gpu_scale(state)  # one GPU in the state's units (1000 in the simulator)
         # the whole history of shapes: rare big shapes (8-GPU pods) are the ones that strand most
         history = workload.full or workload
         self.model = StrandingModel(history, state.models, "resources")
@@ -80,8 +81,9 @@ class Strand(Policy):
     def rate(self, gain_f: np.ndarray, gain_r: np.ndarray, gain_v: np.ndarray) -> np.ndarray:
         """Score of moves from the decrease of FGD's fragmentation (``gain_f``), of the GPU
         stranded by CPU and memory (``gain_r``) and of the claimed capacity (``gain_v``)."""
-        primary = sigmoid_score(gain_f + self.beta * gain_v)
-        tie = 0.5 + 0.49 * np.tanh(np.round(gain_r / QUANTUM) * QUANTUM / SCALE)
+        primary = sigmoid_score(gain_f + self.beta * gain_v, self.scale)
+        quantum = QUANTUM * self.scale
+        tie = 0.5 + 0.49 * np.tanh(np.round(gain_r / quantum) * quantum / self.scale)
         return primary + tie
 
     beta = 1.0
