@@ -30,8 +30,9 @@ from sharegpu.state import ClusterState, NodeSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "openb"
-POLICIES = ["binpack", "spread", "random", "dotprod", "clustering", "packing", "bestfit", "fgd"]
-TARGETS = {"binpack": 2000.0, "fgd": 300.0}
+POLICIES = ["binpack", "spread", "random", "dotprod", "clustering", "packing", "bestfit", "fgd",
+            "strand"]
+TARGETS = {"binpack": 2000.0, "fgd": 300.0, "strand": 500.0}
 FGD_RUN_TARGET_S = 30.0
 
 
