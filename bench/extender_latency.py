@@ -37,6 +37,7 @@ import numpy as np
 from sharegpu import kobjects, names
 from sharegpu.annotations import Allocation, encode
 from sharegpu.modes import Mode
+from sharegpu.placement.base import resolve
 
 MODES = [(Mode.CGPU, 0.45), (Mode.CORE_MEM, 0.2), (Mode.SHARE, 0.05), (Mode.MPS, 0.05),
          (Mode.EXCLUSIVE, 0.15), (Mode.TOPOLOGY, 0.10)]
@@ -372,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--nodes and --pods must be at least 1, --warmup at least 0")
     modes = ["scheduler", "all"] if a.candidates == "both" else [a.candidates]
     result: dict[str, Any] = {"nodes": a.nodes, "gpus_per_node": 8, "cpus": os.cpu_count(),
-                              "policy": "default (fgd)", "scenarios": []}
+                              "policy": f"default ({resolve('default')})", "scenarios": []}
     for m in modes:
         result["scenarios"].append(run_scenario(a.nodes, a.pods, m, a.inflight, a.warmup))
     result["scenarios"].append(direct(a.nodes, pods(a.pods + a.warmup), a.warmup))

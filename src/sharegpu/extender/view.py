@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 
 Placed = tuple[PodRequest, str, Allocation]
 UNKNOWN_NODE = "node has no GPUs known to sharegpu (no GPU resources or annotations)"
+# policies whose score of a node reads that node's row alone (so scores keep until it changes)
+ROW_LOCAL_POLICIES = frozenset({"fgd", "strand"})
 
 
 def shape_of(req: PodRequest, alloc: Allocation) -> Shape | None:
@@ -157,11 +159,11 @@ class ClusterView:
         self._nodes_version = 0  # grows whenever a node is added, changed or removed
         self.synced = False
         self.reader = PlacementReader()
-        # FGD scores a node from that node's row alone, so its scores can be kept per request
-        # shape until the node changes (FGD caches its common shapes itself; this covers
-        # compute, whole-card and multi-container requests)
+        # FGD and strand score a node from that node's row alone, so their scores can be kept
+        # per request shape until the node changes (they cache their common shapes themselves;
+        # this covers compute, whole-card and multi-container requests)
         self._scores: ShapeCache | None = (
-            ShapeCache({"score": np.float64}) if resolve(policy) == "fgd" else None
+            ShapeCache({"score": np.float64}) if resolve(policy) in ROW_LOCAL_POLICIES else None
         )
         self._prepare()
 
@@ -495,7 +497,7 @@ class ClusterView:
         col = cache.column(request_key(req))
         stale = cache.stale(self.state, nodes, col)
         if len(stale) > 16:
-            # nodes whose rows are equal score equally (FGD reads only the node's own row):
+            # nodes whose rows are equal score equally (the policy reads only the node's row):
             # score one of each kind (most nodes of a fresh cluster look alike)
             st = self.state
             rows = np.concatenate(
