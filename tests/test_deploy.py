@@ -69,17 +69,20 @@ def test_profiles() -> None:
 
 
 def test_extender_deployment_matches_the_command() -> None:
-    by_kind = {d["kind"]: d for d in docs("extender.yaml")}
+    all_docs = docs("extender.yaml")
+    by_kind = {d["kind"]: d for d in all_docs}
     dep = by_kind["Deployment"]
     assert dep["spec"]["replicas"] >= 2
     c = dep["spec"]["template"]["spec"]["containers"][0]
     assert c["command"][:2] == ["sharegpu", "extender"]
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    rules = by_kind["ClusterRole"]["rules"]
+    rules = [r for d in all_docs if d["kind"] in ("ClusterRole", "Role") for r in d["rules"]]
     granted = {(r, v) for rule in rules for r in rule["resources"] for v in rule["verbs"]}
-    for need in [("pods", "patch"), ("pods", "watch"), ("nodes", "watch"),
-                 ("pods/binding", "create"), ("events", "create"), ("leases", "update")]:
-        assert need in granted, need
+    needed = {("pods", "get"), ("pods", "list"), ("pods", "watch"), ("pods", "patch"),
+              ("nodes", "get"), ("nodes", "list"), ("nodes", "watch"),
+              ("pods/binding", "create"), ("events", "create"),
+              ("leases", "create"), ("leases", "get"), ("leases", "update")}
+    assert granted == needed  # all it needs, and nothing more
     from sharegpu.cli import build_parser
 
     parser, _ = build_parser()
