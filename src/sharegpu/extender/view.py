@@ -26,8 +26,8 @@ from ..modes import Mode
 from ..nodes import spec_from_node
 from ..placement.base import get_policy, resolve
 from ..placement.fragmentation import Shape, TargetWorkload
+from ..placement.moves import has_fast_path
 from ..placement.nodecache import ShapeCache
-from ..placement.policies.fgd import shape_key as fgd_shape_key
 from ..pods import is_terminated, node_of
 from ..request import Kind, PodRequest, parse_pod
 from ..scheduler import Scheduler
@@ -491,7 +491,7 @@ class ClusterView:
 
     def scores(self, req: PodRequest, nodes: np.ndarray) -> np.ndarray:
         """The policy's scores for feasible ``nodes``."""
-        if self._scores is None or fgd_shape_key(req) is not None:
+        if self._scores is None or has_fast_path(req):
             return self.scheduler.scores(req, nodes)
         cache = self._scores
         col = cache.column(request_key(req))
