@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .. import names
+from ..aio import cancel_all
 from ..errors import ValidationError
 from ..modes import Mode, card_model_labels, parse_mode
 from .allocate import AllocationError, Allocator, Grant, pending_candidates
@@ -106,11 +107,7 @@ class Agent:
 
     async def stop(self) -> None:
         self._stop.set()
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_all(self._tasks)
         self._tasks = []
         for t in list(self._background):
             t.cancel()

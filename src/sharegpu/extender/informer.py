@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..aio import cancel_all
 from ..state import ClusterState
 from .kube import NODES, PODS, ApiError, Gone, KubeApi
 from .metrics import Metrics
@@ -60,11 +61,7 @@ class Informer:
             self._tasks.append(asyncio.create_task(self._checks(), name="consistency-check"))
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_all(self._tasks)
         self._tasks = []
 
     async def relist(self) -> None:

@@ -9,12 +9,12 @@ binds, so it never decides on a view older than the previous leader's last bindi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import ssl
 
 from aiohttp import web
 
+from ..aio import cancel_all
 from .bind import Binder
 from .events import EventRecorder
 from .informer import Informer
@@ -95,11 +95,7 @@ class Replica:
 
     async def stop(self, graceful: bool = True) -> None:
         """``graceful=False`` stops without giving up the lease (a crash, for tests)."""
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_all(self._tasks)
         self._tasks = []
         if graceful and self.elector is not None:
             await self.elector.release()
