@@ -142,3 +142,10 @@ def test_generate_writes_openb_files(tmp_path):
     pods = read_pods(tmp_path / "openb_pod_list_generated.csv")
     assert len(nodes) == generate.DEFAULT_NODES and len(pods) == generate.DEFAULT_PODS
     assert pods == generate.pods()
+
+
+def test_cli_default_runs_the_paper_policies_and_strand(capsys):
+    assert main(["simulate", "--seeds", "42", "--json", "--jobs", "1"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["policy"] for r in out["results"]] == [
+        "random", "dotprod", "clustering", "packing", "bestfit", "fgd", "strand"]

@@ -16,6 +16,7 @@ DESCRIPTION = (
     "Without --trace it runs on a generated cluster and workload."
 )
 PAPER_POLICIES = ["random", "dotprod", "clustering", "packing", "bestfit", "fgd"]
+DEFAULT_POLICIES = [*PAPER_POLICIES, "strand"]  # the paper's six, then sharegpu's own
 
 
 def add_arguments(s: argparse.ArgumentParser) -> None:
@@ -24,7 +25,7 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--workload", action="append", help="workload NAME (repeatable; default: "
                    "'default' with --trace, 'generated' without)")
     s.add_argument("--policy", action="append", help="placement policy (repeatable; default: "
-                   "the six paper policies); see 'sharegpu policies'")
+                   "the six paper policies and strand); see 'sharegpu policies'")
     s.add_argument("--seeds", default="42..51", help="seeds: 42..51, 42,43 or 42 (default 42..51)")
     s.add_argument("--inflation", type=positive_float, default=1.3,
                    help="inflate the workload to this × GPU capacity (default 1.3)")
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         source = Source(args.trace.resolve())
     workloads = args.workload or (["default"] if args.trace else [generate.WORKLOAD_NAME])
-    policies = args.policy or PAPER_POLICIES
+    policies = args.policy or DEFAULT_POLICIES
     for pol in policies:
         get_policy(pol)  # validates the name
     if args.jobs < 0:
