@@ -102,15 +102,21 @@ def _core_cells(node: NodeUsage, count: int) -> list[str]:
     return cells
 
 
-def summary(view: ClusterUsage) -> str:
-    count = view.max_gpus
-    pending = any(n.has_pending for n in view.nodes)
-    core = view.shows_core
-    header = ["NAME", "IPADDRESS"] + [f"GPU{i}(Allocated/Total)" for i in range(count)]
+def _header(first: list[str], count: int, memory: str, pending: bool, core: bool) -> list[str]:
+    """Leading columns, one memory column per GPU, then PENDING and compute when shown."""
+    header = first + [f"GPU{i}({memory})" for i in range(count)]
     if pending:
         header.append(PENDING)
     if core:
         header += [f"GPU{i}(Core%)" for i in range(count)]
+    return header
+
+
+def summary(view: ClusterUsage) -> str:
+    count = view.max_gpus
+    pending = any(n.has_pending for n in view.nodes)
+    core = view.shows_core
+    header = _header(["NAME", "IPADDRESS"], count, "Allocated/Total", pending, core)
     header.append(f"GPU Memory({MEM_UNIT})")
 
     rows: list[list[str]] = []
@@ -145,11 +151,7 @@ def details(view: ClusterUsage) -> str:
         count = len(n.gpus)
         pending = n.has_pending
         core = n.shows_core
-        header = ["NAME", "NAMESPACE"] + [f"GPU{i}(Allocated)" for i in range(count)]
-        if pending:
-            header.append(PENDING)
-        if core:
-            header += [f"GPU{i}(Core%)" for i in range(count)]
+        header = _header(["NAME", "NAMESPACE"], count, "Allocated", pending, core)
         table: list[list[str]] = [[*header, ""]]
         for p in n.pods:
             row = [p.name, p.namespace] + [str(p.mem.get(i, 0)) for i in range(count)]
