@@ -116,10 +116,42 @@ def serve(n_nodes: int, n_pods: int, q: Any) -> None:
 
 
 # -- driver -------------------------------------------------------------------------------------
-async def drive(port: int, n_nodes: int, work: list[tuple[str, dict[str, Any]]], mode: str,
-                inflight: int, warmup: int = 0) -> dict[str, Any]:
-    import aiohttp
+class Http:
+    """A lean HTTP/1.1 keep-alive client on one connection: kube-scheduler's Go client costs
+    microseconds per call, a general-purpose Python client (aiohttp) costs about as much as the
+    extender's own handler, which would make the driver, not the extender, the measured part."""
 
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, port: int) -> Http:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        return cls(reader, writer)
+
+    async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+        head = (f"{method} {path} HTTP/1.1\r\nHost: extender\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
+        self.writer.write(head.encode() + body)
+        raw = await self.reader.readuntil(b"\r\n\r\n")
+        lines = raw.split(b"\r\n")
+        status = int(lines[0].split(b" ", 2)[1])
+        length = 0
+        for line in lines[1:]:
+            if line[:15].lower() == b"content-length:":
+                length = int(line[15:])
+        return status, await self.reader.readexactly(length)
+
+    async def close(self) -> None:
+        self.writer.close()
+        await self.writer.wait_closed()
+
+
+def plan(n_nodes: int, work: list[tuple[str, dict[str, Any]]], mode: str
+         ) -> list[tuple[dict[str, Any], bytes, bytes]]:
+    """For each pod: the pod, its JSON, and the filter request body. What kube-scheduler sends
+    does not depend on the extender's answers up to here (its own filters pass the nodes that
+    advertise the pod's resource), so it is prepared before the clock starts."""
     nodes = cluster(n_nodes)
     all_names = [n["metadata"]["name"] for n in nodes]
     by_kind: dict[str, list[str]] = {}
@@ -128,83 +160,98 @@ async def drive(port: int, n_nodes: int, work: list[tuple[str, dict[str, Any]]],
                          if Mode(n["metadata"]["labels"][names.LABEL_SCHEDULE]) in modes]
     sample = max(100, n_nodes // 10)
     rng = random.Random(3)
+    out = []
+    for kind, pod in work:
+        if mode == "all":
+            cand = all_names
+        else:
+            pool = by_kind[kind]
+            cand = rng.sample(pool, min(sample, len(pool)))
+        pod_json = json.dumps(pod, separators=(",", ":")).encode()
+        body = b'{"Pod":' + pod_json + b',"Nodes":null,"NodeNames":' + json.dumps(
+            cand, separators=(",", ":")).encode() + b"}"
+        out.append((pod, pod_json, body))
+    return out
+
+
+async def drive(port: int, n_nodes: int, work: list[tuple[str, dict[str, Any]]], mode: str,
+                inflight: int, warmup: int = 0) -> dict[str, Any]:
+    bodies = plan(n_nodes, work, mode)
+    rng = random.Random(3)
     lat: dict[str, list[float]] = {"filter": [], "prioritize": [], "bind": []}
     errors: dict[str, int] = {"filter": 0, "prioritize": 0, "bind": 0, "unschedulable": 0}
-    url = f"http://127.0.0.1:{port}"
-    sem = asyncio.Semaphore(inflight)
+    main = await Http.open(port)
+    idle = [await Http.open(port) for _ in range(inflight)]  # one connection per bind in flight
+    free = asyncio.Semaphore(inflight)
     tasks: set[asyncio.Task[None]] = set()
-    conn = aiohttp.TCPConnector(limit=inflight + 4)
     before: dict[str, tuple[float, float]] = {}
-    async with aiohttp.ClientSession(connector=conn) as s:
 
-        async def server_time() -> dict[str, tuple[float, float]]:
-            """(sum of seconds, count) per verb from the extender's own histogram."""
-            async with s.get(f"{url}/metrics") as r:
-                text = await r.text()
-            out: dict[str, list[float]] = {}
-            for line in text.splitlines():
-                for part, i in (("_sum{", 0), ("_count{", 1)):
-                    if line.startswith("sharegpu_extender_request_seconds" + part):
-                        verb = line.split('verb="')[1].split('"')[0]
-                        out.setdefault(verb, [0.0, 0.0])[i] = float(line.rsplit(" ", 1)[1])
-            return {v: (x[0], x[1]) for v, x in out.items()}
+    async def server_time() -> dict[str, tuple[float, float]]:
+        """(sum of seconds, count) per verb from the extender's own histogram."""
+        _, body = await main.request("GET", "/metrics")
+        out: dict[str, list[float]] = {}
+        for line in body.decode().splitlines():
+            for part, i in (("_sum{", 0), ("_count{", 1)):
+                if line.startswith("sharegpu_extender_request_seconds" + part):
+                    verb = line.split('verb="')[1].split('"')[0]
+                    out.setdefault(verb, [0.0, 0.0])[i] = float(line.rsplit(" ", 1)[1])
+        return {v: (x[0], x[1]) for v, x in out.items()}
 
-        async def post(verb: str, body: Any) -> Any:
-            data = json.dumps(body, separators=(",", ":"))
-            t0 = time.perf_counter()
-            async with s.post(f"{url}/{verb}", data=data,
-                              headers={"Content-Type": "application/json"}) as r:
-                out = await r.json()
-            lat[verb].append(time.perf_counter() - t0)
-            return out
+    async def post(conn: Http, verb: str, body: bytes) -> Any:
+        t0 = time.perf_counter()
+        _, raw = await conn.request("POST", f"/{verb}", body)
+        out = json.loads(raw)
+        lat[verb].append(time.perf_counter() - t0)
+        return out
 
-        async def bind(pod: dict[str, Any], node: str) -> None:
-            try:
-                m = pod["metadata"]
-                out = await post("bind", {"PodName": m["name"], "PodNamespace": m["namespace"],
-                                          "PodUID": m["uid"], "Node": node})
-                if out.get("Error"):
-                    errors["bind"] += 1
-            finally:
-                sem.release()
+    async def bind(pod: dict[str, Any], node: str) -> None:
+        conn = idle.pop()
+        try:
+            m = pod["metadata"]
+            out = await post(conn, "bind", json.dumps(
+                {"PodName": m["name"], "PodNamespace": m["namespace"], "PodUID": m["uid"],
+                 "Node": node}, separators=(",", ":")).encode())
+            if out.get("Error"):
+                errors["bind"] += 1
+        finally:
+            idle.append(conn)
+            free.release()
 
-        t_start = time.perf_counter()
-        for n, (kind, pod) in enumerate(work):
-            if n == warmup:  # measure from here: the policy's caches are warm
-                if tasks:
-                    await asyncio.gather(*tasks)
-                before = await server_time()
-                for xs in lat.values():
-                    xs.clear()
-                errors.update(dict.fromkeys(errors, 0))
-                t_start = time.perf_counter()
-            if mode == "all":
-                cand = all_names
-            else:
-                pool = by_kind[kind]
-                cand = rng.sample(pool, min(sample, len(pool)))
-            f = await post("filter", {"Pod": pod, "Nodes": None, "NodeNames": cand})
-            if f.get("Error"):
-                errors["filter"] += 1
-                continue
-            passed = f.get("NodeNames") or []
-            if not passed:
-                errors["unschedulable"] += 1
-                continue
-            pr = await post("prioritize", {"Pod": pod, "Nodes": None, "NodeNames": passed})
-            if isinstance(pr, dict):
-                errors["prioritize"] += 1
-                continue
-            top = max((h["Score"] for h in pr), default=0)
-            node = rng.choice([h["Host"] for h in pr if h["Score"] == top] if top else passed)
-            await sem.acquire()
-            t = asyncio.create_task(bind(pod, node))
-            tasks.add(t)
-            t.add_done_callback(tasks.discard)
-        if tasks:
-            await asyncio.gather(*tasks)
-        wall = time.perf_counter() - t_start
-        after = await server_time()
+    t_start = time.perf_counter()
+    for n, (pod, pod_json, filter_body) in enumerate(bodies):
+        if n == warmup:  # measure from here: the policy's caches are warm
+            if tasks:
+                await asyncio.gather(*tasks)
+            before = await server_time()
+            for xs in lat.values():
+                xs.clear()
+            errors.update(dict.fromkeys(errors, 0))
+            t_start = time.perf_counter()
+        f = await post(main, "filter", filter_body)
+        if f.get("Error"):
+            errors["filter"] += 1
+            continue
+        passed = f.get("NodeNames") or []
+        if not passed:
+            errors["unschedulable"] += 1
+            continue
+        pr = await post(main, "prioritize", b'{"Pod":' + pod_json + b',"Nodes":null,"NodeNames":'
+                        + json.dumps(passed, separators=(",", ":")).encode() + b"}")
+        if isinstance(pr, dict):
+            errors["prioritize"] += 1
+            continue
+        top = max((h["Score"] for h in pr), default=0)
+        node = rng.choice([h["Host"] for h in pr if h["Score"] == top] if top else passed)
+        await free.acquire()
+        t = asyncio.create_task(bind(pod, node))
+        tasks.add(t)
+        t.add_done_callback(tasks.discard)
+    if tasks:
+        await asyncio.gather(*tasks)
+    wall = time.perf_counter() - t_start
+    after = await server_time()
+    for conn in [main, *idle]:
+        await conn.close()
     server_ms = {
         v: round(1000 * (after[v][0] - before.get(v, (0.0, 0.0))[0])
                  / max(after[v][1] - before.get(v, (0.0, 0.0))[1], 1), 3)

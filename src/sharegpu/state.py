@@ -276,25 +276,27 @@ class ClusterState:
             ok &= self.pods_mem_only[sl] == 0
         return ok
 
-    def feasible(self, req: PodRequest) -> np.ndarray:
-        """Boolean mask over node slots: where the pod can be placed."""
-        ok = self.node_mask(req)
+    def feasible(self, req: PodRequest, rows: np.ndarray | None = None) -> np.ndarray:
+        """Boolean mask over node slots (or over ``rows``, an array of slots): where the pod
+        can be placed."""
+        ok = self.node_mask(req, rows)
         if not req.containers:
             return ok
         if len(req.containers) == 1:
             c = req.containers[0]
-            fits = self.gpu_fits(c)
+            fits = self.gpu_fits(c, rows)
             if c.gpus == 1:
                 return ok & fits.any(axis=1)
             return ok & (fits.sum(axis=1) >= c.gpus)
         # several containers: necessary per-container condition, then an exact check
         for c in req.containers:
-            ok &= self.gpu_fits(c).sum(axis=1) >= c.gpus
+            ok &= self.gpu_fits(c, rows).sum(axis=1) >= c.gpus
         from .placement.gpus import assign  # local: placement builds on state
 
-        for i in np.flatnonzero(ok):
-            if assign(self, req, int(i), "bestfit") is None:
-                ok[i] = False
+        slots = np.arange(self.n) if rows is None else rows
+        for j in np.flatnonzero(ok):
+            if assign(self, req, int(slots[j]), "bestfit") is None:
+                ok[j] = False
         return ok
 
     def explain(self, req: PodRequest, node: int | str) -> str | None:

@@ -7,6 +7,7 @@ field; nothing here raises a traceback at kube-scheduler.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -17,6 +18,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from ..errors import ValidationError
+from ..request import PodRequest
 from . import wire
 from .bind import Binder, BindError
 from .events import REASON_BIND_FAILED, REASON_INVALID, REASON_UNSCHEDULABLE, EventRecorder
@@ -45,6 +47,9 @@ class ExtenderApp:
         self.events = events
         self.is_synced = is_synced or (lambda: view.synced)
         self.is_ready = is_ready or self.is_synced
+        # the last prioritize answer the view gave and its encoding (the view gives the very
+        # same dict again while nothing it read changed)
+        self._encoded: tuple[dict[str, int], bytes] | None = None
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=256 * 1024 * 1024)
@@ -97,8 +102,12 @@ class ExtenderApp:
             self.metrics.decisions.labels("filter", "invalid").inc()
             return _json(wire.filter_result(args, [], {}, dict.fromkeys(args.names, msg)))
         passed, failed, unres = self.view.filter(req, args.names)
-        if passed and self.binder is not None and req.wants_gpu:
-            self.binder.hint(args.pod, req)
+        if passed and req.wants_gpu:
+            if self.binder is not None:
+                self.binder.hint(args.pod, req)
+            # kube-scheduler runs its own score plugins before it asks prioritize: score the
+            # passing nodes meanwhile, once this answer is on its way
+            asyncio.get_running_loop().call_soon(self._score_ahead, req, passed)
         if req.wants_gpu and not passed:
             from .events import summarize
 
@@ -122,8 +131,20 @@ class ExtenderApp:
             return _json(wire.priority_list(dict.fromkeys(args.names, 0)))
         scores = self.view.prioritize(req, args.names)
         self.metrics.decisions.labels("prioritize", "ok").inc()
-        return web.Response(body=wire.priority_list_json(scores),
-                            content_type="application/json")
+        return web.Response(body=self._encode(scores), content_type="application/json")
+
+    def _encode(self, scores: dict[str, int]) -> bytes:
+        if self._encoded is not None and self._encoded[0] is scores:
+            return self._encoded[1]
+        body = wire.priority_list_json(scores)
+        self._encoded = (scores, body)
+        return body
+
+    def _score_ahead(self, req: PodRequest, names: list[str]) -> None:
+        try:
+            self._encode(self.view.prioritize(req, names))
+        except Exception as e:  # the prioritize request will compute (and report) it again
+            log.debug("scoring ahead failed: %s", e)
 
     async def bind(self, request: web.Request) -> web.Response:
         try:

@@ -155,15 +155,22 @@ class ClusterView:
         self.problems: OrderedDict[str, str] = OrderedDict()
         self._reasons: OrderedDict[tuple[Any, ...], dict[int, tuple[int, str]]] = OrderedDict()
         self._empty_ok: dict[tuple[Any, ...], tuple[int, np.ndarray]] = {}
-        self._feasible: tuple[tuple[Any, ...], np.ndarray] | None = None
+        # per request shape: the state it was computed on, the mask, each node's version then
+        self._feasible: OrderedDict[tuple[Any, ...], tuple[ClusterState, np.ndarray, np.ndarray]]
+        self._feasible = OrderedDict()
+        self._epoch = 0  # grows whenever the policy is prepared afresh
+        self._last_scores: tuple[
+            tuple[Any, ...], list[str], np.ndarray, np.ndarray, dict[str, int]
+        ] | None = None
         self._nodes_version = 0  # grows whenever a node is added, changed or removed
         self.synced = False
         self.reader = PlacementReader()
         # FGD and strand score a node from that node's row alone, so their scores can be kept
         # per request shape until the node changes (they cache their common shapes themselves;
         # this covers compute, whole-card and multi-container requests)
+        self._row_local = resolve(policy) in ROW_LOCAL_POLICIES
         self._scores: ShapeCache | None = (
-            ShapeCache({"score": np.float64}) if resolve(policy) in ROW_LOCAL_POLICIES else None
+            ShapeCache({"score": np.float64}) if self._row_local else None
         )
         self._prepare()
 
@@ -182,6 +189,7 @@ class ClusterView:
             return
         self.workload = workload
         self.policy.prepare(self.state, self.workload)
+        self._epoch += 1
         if self._scores is not None:
             self._scores = ShapeCache({"score": np.float64})
 
@@ -255,7 +263,7 @@ class ClusterView:
                 self._problem(key, f"in-flight reservation dropped on rebuild: {e}")
                 del self.inflight[key]
         self.state, self.specs, self.placed = state, specs, placed
-        self._feasible = None
+        self._feasible.clear()
         self._nodes_version += 1
         self.scheduler = Scheduler(state, self.policy, tie_break="order")
         self._reasons.clear()
@@ -413,14 +421,27 @@ class ClusterView:
         return passed, failed, unres
 
     def feasible(self, req: PodRequest) -> np.ndarray:
-        """The core's feasibility mask, kept until any node changes (a filter and the
-        prioritize that follows it for the same pod ask twice)."""
-        st = self.state
-        stamp = (request_key(req), id(st), st.n, int(st.version[: st.n].sum()))
-        if self._feasible is not None and self._feasible[0] == stamp:
-            return self._feasible[1]
+        """The core's feasibility mask over every node, kept per request shape and brought up
+        to date row by row: a node's feasibility reads that node's row alone, so only nodes
+        whose version moved since are checked again. Do not modify the returned array."""
+        st, n = self.state, self.state.n
+        k = request_key(req)
+        hit = self._feasible.get(k)
+        if hit is not None and hit[0] is st and len(hit[1]) == n:
+            _, mask, ver = hit
+            self._feasible.move_to_end(k)
+            stale = np.flatnonzero(ver != st.version[:n])
+            if len(stale) == 0:
+                return mask
+            if len(stale) <= n // 8:
+                mask[stale] = st.feasible(req, stale)
+                ver[stale] = st.version[stale]
+                return mask
         mask = st.feasible(req)
-        self._feasible = (stamp, mask)
+        self._feasible[k] = (st, mask, st.version[:n].copy())
+        self._feasible.move_to_end(k)
+        while len(self._feasible) > 64:
+            self._feasible.popitem(last=False)
         return mask
 
     def _reason_cache(self, req: PodRequest) -> dict[int, tuple[int, str]]:
@@ -465,11 +486,36 @@ class ClusterView:
 
     def prioritize(self, req: PodRequest, names: list[str]) -> dict[str, int]:
         """Scores 0..10: the node the core policy would pick gets 10, the other feasible nodes
-        0..9 in the order of the policy's scores, infeasible nodes 0."""
+        0..9 in the order of the policy's scores, infeasible nodes 0.
+
+        The last answer is kept with what it read (the pod, the names, the policy's epoch and
+        the version of every node it scored, or of the whole cluster for policies that read
+        more than a node's row), and given again while all of it is unchanged: the server asks
+        right after answering the filter, so the prioritize that follows is a lookup. Do not
+        modify the returned dict."""
         if not req.wants_gpu or not names:
             return dict.fromkeys(names, 0)
         self.maybe_refresh_workload()
+        st = self.state
+        stamp = (req.key, req.uid, request_key(req), id(st), st.n, self._nodes_version,
+                 self._epoch)
+        last = self._last_scores
+        if last is not None and last[0] == stamp and last[1] == names:
+            slots = last[2]
+            if np.array_equal(self._versions_read(slots), last[3]):
+                return last[4]
         slots = self.slots(names)
+        out = self._prioritize(req, names, slots)
+        self._last_scores = (stamp, list(names), slots, self._versions_read(slots), out)
+        return out
+
+    def _versions_read(self, slots: np.ndarray) -> np.ndarray:
+        st = self.state
+        if not self._row_local:  # the policy may read any node: the whole cluster's versions
+            return np.array([st.version[: st.n].sum()])
+        return st.version[slots[slots >= 0]]
+
+    def _prioritize(self, req: PodRequest, names: list[str], slots: np.ndarray) -> dict[str, int]:
         among = np.zeros(self.state.n, dtype=bool)
         among[slots[slots >= 0]] = True
         nodes = np.flatnonzero(self.feasible(req) & among)

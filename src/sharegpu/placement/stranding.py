@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from .fragmentation import TargetWorkload
+from .rowmemo import RowMemo, row_keys
 
 MEASURES = ("resources", "claim")
 
@@ -56,6 +57,7 @@ class StrandingModel:
         self._keep = keep
         self._models = -1
         self.access = np.zeros((0, 0), dtype=bool)
+        self.memo = RowMemo()
         self.refresh(model_ids)
 
     @property
@@ -66,6 +68,7 @@ class StrandingModel:
         if len(model_ids) != self._models:
             self.access = self.workload.access(model_ids)[self._keep]
             self._models = len(model_ids)
+            self.memo.clear()
 
     def scarcity(
         self, gpus: np.ndarray, cpu: np.ndarray, mem: np.ndarray, model: np.ndarray,
@@ -85,6 +88,7 @@ class StrandingModel:
 
     def weigh(self, weights: np.ndarray) -> None:
         self.p = self.p * weights
+        self.memo.clear()
 
     def rows(
         self, free: np.ndarray, cpu: np.ndarray, mem: np.ndarray, model: np.ndarray
@@ -93,8 +97,9 @@ class StrandingModel:
         free ``cpu`` and ``mem`` [R], ``model`` [R] model ids."""
         if len(free) == 0 or self.size == 0:
             return np.zeros(len(free))
-        f, c, m, mo, inv = _unique(free, cpu, mem, model)
-        return self._rows(f, c, m, mo)[inv]
+        w = free.shape[1]
+        return self.memo(row_keys(free, cpu, mem, model), lambda k: self._rows(
+            np.ascontiguousarray(k[:, :w]), k[:, w], k[:, w + 1], k[:, w + 2]))
 
     def _rows(
         self, free: np.ndarray, cpu: np.ndarray, mem: np.ndarray, model: np.ndarray
@@ -113,19 +118,3 @@ class StrandingModel:
         per_shape = gpu_use - usable if self.measure == "resources" else -usable
         # a row-wise sum so that equal rows give bit-equal values whatever the batch
         return (per_shape * self.p[None, :]).sum(axis=1)
-
-
-def _unique(
-    free: np.ndarray, cpu: np.ndarray, mem: np.ndarray, model: np.ndarray
-) -> tuple[np.ndarray, ...]:
-    """Rows with GPU amounts sorted (the measures ignore GPU order), de-duplicated, and the
-    inverse index."""
-    srt = -np.sort(-free, axis=1)
-    key = np.concatenate(
-        [srt, cpu[:, None], mem[:, None].astype(np.int64), model[:, None].astype(np.int64)],
-        axis=1,
-    )
-    key = np.ascontiguousarray(key)
-    void = key.view(np.dtype((np.void, key.dtype.itemsize * key.shape[1]))).ravel()
-    _, first, inverse = np.unique(void, return_index=True, return_inverse=True)
-    return srt[first], cpu[first], mem[first], model[first], inverse.ravel()

@@ -6,7 +6,7 @@ node (lowest GPU index among equal scores); whole-card and multi-GPU pods take t
 free GPUs. Scores are integers and ties go to a random node, as in the paper's simulator.
 
 The moves, their caching per pod shape and the GPU choice are :class:`..moves.MovePolicy`'s;
-identical node rows are evaluated once (:func:`unique_rows`).
+each distinct node row is evaluated once (:mod:`..rowmemo`).
 """
 
 from __future__ import annotations
@@ -19,19 +19,9 @@ from ..base import register
 from ..fragmentation import TargetWorkload, fragmentation
 from ..moves import MovePolicy
 from ..nodecache import ShapeCache
+from ..rowmemo import RowMemo, row_keys
 
 PAPER_SCALE = 1000.0  # the paper divides F deltas (milli-GPU) by 1000: one GPU
-
-
-def unique_rows(free: np.ndarray, cpu: np.ndarray, model: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Rows with GPU amounts sorted (F ignores GPU order), de-duplicated; returns the unique
-    (free, cpu, model) and the inverse index."""
-    srt = -np.sort(-free, axis=1)
-    key = np.concatenate([srt, cpu[:, None], model[:, None].astype(np.int64)], axis=1)
-    key = np.ascontiguousarray(key)
-    void = key.view(np.dtype((np.void, key.dtype.itemsize * key.shape[1]))).ravel()
-    _, first, inverse = np.unique(void, return_index=True, return_inverse=True)
-    return srt[first], cpu[first], model[first], inverse.ravel()
 
 
 class FragmentationModel:
@@ -41,18 +31,21 @@ class FragmentationModel:
         self.workload = workload
         self._models = -1
         self._access = np.zeros((0, 0), dtype=bool)
+        self.memo = RowMemo()
         self.refresh(state)
 
     def refresh(self, state: ClusterState) -> None:
         if len(state.models) != self._models:
             self._access = self.workload.access(state.models)
             self._models = len(state.models)
+            self.memo.clear()
 
     def rows(self, free: np.ndarray, cpu: np.ndarray, model: np.ndarray) -> np.ndarray:
         if len(free) == 0:
             return np.zeros(0)
-        f, c, m, inv = unique_rows(free, cpu, model)
-        return fragmentation(f, c, m, self.workload, self._access)[inv]
+        w = free.shape[1]
+        return self.memo(row_keys(free, cpu, model), lambda k: fragmentation(
+            np.ascontiguousarray(k[:, :w]), k[:, w], k[:, w + 1], self.workload, self._access))
 
     def nodes(self, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
         self.refresh(state)
