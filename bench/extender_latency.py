@@ -91,8 +91,6 @@ def pods(n: int, seed: int = 2) -> list[tuple[str, dict[str, Any]]]:
 
 # -- server process -----------------------------------------------------------------------------
 def serve(n_nodes: int, n_pods: int, q: Any) -> None:
-    from aiohttp import web
-
     from sharegpu.extender.bind import Binder
     from sharegpu.extender.memapi import MemoryApi
     from sharegpu.extender.metrics import Metrics
@@ -105,11 +103,7 @@ def serve(n_nodes: int, n_pods: int, q: Any) -> None:
         api = MemoryApi(p for _, p in pods(n_pods))
         metrics = Metrics(lambda: view)
         app = ExtenderApp(view, Binder(api, lambda: view), metrics)
-        runner = web.AppRunner(app.app(), access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        q.put(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+        q.put(await app.server().start("127.0.0.1", 0))
         await asyncio.Event().wait()
 
     asyncio.run(main())

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiohttp.test_utils import TestClient, TestServer
+import aiohttp
 
 from sharegpu import kobjects
 from sharegpu.annotations import decode
@@ -32,7 +32,7 @@ class Env:
         self.events = EventRecorder(self.api, self.metrics)
         self.app = ExtenderApp(self.view, Binder(self.api, lambda: self.view), self.metrics,
                                self.events)
-        self.client: TestClient | None = None
+        self.client: aiohttp.ClientSession | None = None
 
     async def post(self, verb: str, body: Any) -> tuple[int, Any]:
         assert self.client is not None
@@ -55,10 +55,15 @@ class Env:
 def run(pods: list[dict[str, Any]], body: Callable[[Env], Awaitable[None]]) -> None:
     async def go() -> None:
         env = Env(pods)
-        async with TestClient(TestServer(env.app.app())) as client:
-            env.client = client
-            await body(env)
-            await env.events.drain()
+        server = env.app.server()
+        port = await server.start("127.0.0.1", 0)
+        try:
+            async with aiohttp.ClientSession(base_url=f"http://127.0.0.1:{port}") as client:
+                env.client = client
+                await body(env)
+                await env.events.drain()
+        finally:
+            await server.close()
 
     asyncio.run(go())
 

@@ -20,6 +20,25 @@ def test_node_names_request() -> None:
                    "FailedAndUnresolvableNodes": {}, "Error": ""}
 
 
+@pytest.mark.parametrize(("passed", "failed", "unres"), [
+    (["b"], {"a": "full"}, {}),
+    ([], {"a": 'says "no"'}, {"c": "wrong mode"}),
+    ([f"node-{i:04d}.zone-1" for i in range(500)], {}, {}),
+    (['we"ird', "ok"], {}, {}),  # a name that needs escaping takes the general path
+])
+def test_filter_result_json_is_the_filter_result(
+    passed: list[str], failed: dict[str, str], unres: dict[str, str]
+) -> None:
+    a = wire.parse_args({"Pod": kobjects.pod("p"), "NodeNames": passed + list(failed)
+                         + list(unres)})
+    assert json.loads(wire.filter_result_json(a, passed, failed, unres)) == wire.filter_result(
+        a, passed, failed, unres)
+    nodes = [kobjects.node("a", [16]), kobjects.node("b", [16])]
+    full = wire.parse_args({"Pod": kobjects.pod("p"), "Nodes": {"items": nodes}})
+    assert json.loads(wire.filter_result_json(full, ["b"], {"a": "x"}, {})) == (
+        wire.filter_result(full, ["b"], {"a": "x"}, {}))
+
+
 def test_full_nodes_request_answers_with_nodes() -> None:
     nodes = [kobjects.node("a", [16]), kobjects.node("b", [16])]
     a = wire.parse_args({"Pod": kobjects.pod("p", mem=4), "Nodes": {"items": nodes}})
@@ -71,7 +90,13 @@ def test_malformed_binding_names_the_field(body: object, field: str) -> None:
 def test_priority_list_and_binding_result() -> None:
     assert wire.priority_list({"a": 10, "b": 3, "c": 0}) == [{"Host": "a", "Score": 10},
                                                              {"Host": "b", "Score": 3}]
-    for scores in ({"node-1.zone": 10, "n_2:x": 4, "z": 0}, {'we"ird\\name': 7, "ok": 1}, {}):
-        assert json.loads(wire.priority_list_json(scores)) == wire.priority_list(scores)
+    many = {f"node-{i:04d}": i % 11 for i in range(500)}
+    for scores in ({"node-1.zone": 10, "n_2:x": 4, "z": 0}, {'we"ird\\name': 7, "ok": 1}, {},
+                   many):
+        # the same hosts and scores, in any order (kube-scheduler sums per host)
+        got = json.loads(wire.priority_list_json(scores))
+        key = lambda h: h["Host"]  # noqa: E731
+        assert sorted(got, key=key) == sorted(wire.priority_list(scores), key=key)
+        assert len(got) == len({h["Host"] for h in got})
     assert wire.binding_result() == {"Error": ""}
     assert wire.binding_result("boom") == {"Error": "boom"}

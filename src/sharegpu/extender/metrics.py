@@ -1,64 +1,69 @@
 """Prometheus metrics of the extender, served on ``/metrics``.
 
-Per-GPU gauges are read from the cluster state at scrape time (a collector), so decisions pay
-nothing for them.
+Per-GPU gauges are written from the cluster state at scrape time (:func:`gpu_exposition`), so
+decisions pay nothing for them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from typing import Any
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 from .. import names
+from ..state import ClusterState
 from .view import ClusterView
 
 BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
-class _GpuCollector(Collector):
-    def __init__(self, view: Callable[[], ClusterView]) -> None:
-        self.view = view
+# (name, help, value of each GPU from (total, free GiB, free compute %, pods))
+_GPU_FAMILIES: tuple[tuple[str, str, Callable[..., np.ndarray]], ...] = (
+    ("sharegpu_gpu_memory_total", "GPU memory (GiB)", lambda t, f, c, p: t),
+    ("sharegpu_gpu_memory_allocated", "GPU memory allocated to pods (GiB)",
+     lambda t, f, c, p: t - f),
+    ("sharegpu_gpu_core_total_percent", "GPU compute (percent of the GPU)",
+     lambda t, f, c, p: np.full_like(t, names.CORE_PER_GPU)),
+    ("sharegpu_gpu_core_allocated_percent", "GPU compute allocated to pods (percent of the GPU)",
+     lambda t, f, c, p: names.CORE_PER_GPU - c),
+    ("sharegpu_gpu_pods", "pods on the GPU", lambda t, f, c, p: p),
+)
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        st = self.view().state
-        labels = ["node", "gpu"]
-        fams = {
-            "mem_total": GaugeMetricFamily("sharegpu_gpu_memory_total",
-                                           "GPU memory (GiB)", labels=labels),
-            "mem_alloc": GaugeMetricFamily("sharegpu_gpu_memory_allocated",
-                                           "GPU memory allocated to pods (GiB)", labels=labels),
-            "core_total": GaugeMetricFamily("sharegpu_gpu_core_total_percent",
-                                            "GPU compute (percent of the GPU)", labels=labels),
-            "core_alloc": GaugeMetricFamily("sharegpu_gpu_core_allocated_percent",
-                                            "GPU compute allocated to pods (percent of the GPU)",
-                                            labels=labels),
-            "pods": GaugeMetricFamily("sharegpu_gpu_pods", "pods on the GPU", labels=labels),
-        }
-        node_mem = GaugeMetricFamily("sharegpu_node_gpu_memory_allocated",
-                                     "GPU memory allocated on the node (GiB)", labels=["node"])
-        node_total = GaugeMetricFamily("sharegpu_node_gpu_memory_total",
-                                       "GPU memory of the node (GiB)", labels=["node"])
-        for name, i in st.index.items():
-            g = int(st.gpu_count[i])
-            tot = st.gpu_total[i, :g].tolist()
-            free = st.gpu_free[i, :g].tolist()
-            core = st.core_free[i, :g].tolist()
-            pods = st.gpu_pods[i, :g].tolist()
-            for j in range(g):
-                lab = [name, str(j)]
-                fams["mem_total"].add_metric(lab, tot[j])
-                fams["mem_alloc"].add_metric(lab, tot[j] - free[j])
-                fams["core_total"].add_metric(lab, names.CORE_PER_GPU)
-                fams["core_alloc"].add_metric(lab, names.CORE_PER_GPU - core[j])
-                fams["pods"].add_metric(lab, pods[j])
-            node_mem.add_metric([name], sum(tot) - sum(free))
-            node_total.add_metric([name], sum(tot))
-        yield from fams.values()
-        yield node_mem
-        yield node_total
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def gpu_exposition(st: ClusterState) -> bytes:
+    """The per-GPU and per-node gauges in Prometheus' text format, written directly from the
+    state's arrays: 5,000 nodes × 8 GPUs are 200,000 samples, which prometheus_client's generic
+    path takes seconds to write (the event loop is blocked meanwhile) and this takes tens of
+    milliseconds."""
+    node_names = list(st.index)
+    rows = np.fromiter(st.index.values(), dtype=np.int64, count=len(node_names))
+    count = st.gpu_count[rows].astype(np.int64)
+    have = np.arange(st.width)[None, :] < count[:, None]
+    cols = [a[rows][have] for a in (st.gpu_total, st.gpu_free, st.core_free, st.gpu_pods)]
+    esc = [_label(n) for n in node_names]
+    gpu_labels = [f'{{gpu="{j}",node="{e}"}} ' for e, g in zip(esc, count.tolist(), strict=True)
+                  for j in range(g)]
+    out: list[str] = []
+    for name, text, value in _GPU_FAMILIES:
+        out.append(f"# HELP {name} {text}\n# TYPE {name} gauge\n")
+        out.extend([f"{name}{lab}{float(v)!r}\n"
+                    for lab, v in zip(gpu_labels, value(*cols).tolist(), strict=True)])
+    total = np.where(have, st.gpu_total[rows], 0).sum(axis=1)
+    alloc = total - np.where(have, st.gpu_free[rows], 0).sum(axis=1)
+    for name, text, values in (
+        ("sharegpu_node_gpu_memory_allocated", "GPU memory allocated on the node (GiB)", alloc),
+        ("sharegpu_node_gpu_memory_total", "GPU memory of the node (GiB)", total),
+    ):
+        out.append(f"# HELP {name} {text}\n# TYPE {name} gauge\n")
+        out.extend([f'{name}{{node="{e}"}} {float(v)!r}\n'
+                    for e, v in zip(esc, values.tolist(), strict=True)])
+    return "".join(out).encode()
 
 
 class Metrics:
@@ -85,8 +90,25 @@ class Metrics:
                                      "time of the last rebuild from annotations", registry=r)
         self.events = Counter("sharegpu_extender_events", "Events posted, by reason", ["reason"],
                               registry=r)
-        if view is not None:
-            r.register(_GpuCollector(view))
+        self.view = view
+        self._children: dict[tuple[str, str, str], Any] = {}
+
+    def decided(self, verb: str, result: str) -> None:
+        """Count an answer (its counter child looked up once: this runs on every request)."""
+        self._child(self.decisions, "d", verb, result).inc()
+
+    def failed(self, verb: str, reason: str) -> None:
+        self._child(self.failures, "f", verb, reason).inc()
+
+    def _child(self, family: Counter, tag: str, a: str, b: str) -> Any:
+        key = (tag, a, b)
+        c = self._children.get(key)
+        if c is None:
+            c = self._children[key] = family.labels(a, b)
+        return c
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        out = generate_latest(self.registry)
+        if self.view is not None:
+            out += gpu_exposition(self.view().state)
+        return out

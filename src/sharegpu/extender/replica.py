@@ -12,11 +12,10 @@ import asyncio
 import logging
 import ssl
 
-from aiohttp import web
-
 from ..aio import cancel_all
 from .bind import Binder
 from .events import EventRecorder
+from .httpserver import HttpServer
 from .informer import Informer
 from .kube import KubeApi
 from .leader import LeaderElector
@@ -49,7 +48,7 @@ class Replica:
         self.service = ExtenderApp(self.view, self.binder, self.metrics, self.events,
                                    is_ready=self.is_ready)
         self._tasks: list[asyncio.Task[None]] = []
-        self._runner: web.AppRunner | None = None
+        self._server: HttpServer | None = None
         self.port = 0
 
     # -- leadership ---------------
@@ -85,13 +84,8 @@ class Replica:
         await self.informer.start()
         if self.elector is not None:
             self._tasks.append(asyncio.create_task(self.elector.run(), name="leader-election"))
-        self._runner = web.AppRunner(self.service.app(), access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, ssl_context=ssl_context)
-        await site.start()
-        server = site._server
-        if server is not None and getattr(server, "sockets", None):
-            self.port = server.sockets[0].getsockname()[1]
+        self._server = self.service.server()
+        self.port = await self._server.start(host, port, ssl_context)
 
     async def stop(self, graceful: bool = True) -> None:
         """``graceful=False`` stops without giving up the lease (a crash, for tests)."""
@@ -100,7 +94,7 @@ class Replica:
         if graceful and self.elector is not None:
             await self.elector.release()
         await self.informer.stop()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._server is not None:
+            await self._server.close()
+            self._server = None
         await self.events.drain()

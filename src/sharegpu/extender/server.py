@@ -2,7 +2,9 @@
 
 Handlers are thin: decode with :mod:`.wire`, ask the :class:`ClusterView` (synchronous, so each
 answer sees one consistent state), encode. Bad payloads get HTTP 400 with an ``Error`` naming the
-field; nothing here raises a traceback at kube-scheduler.
+field; nothing here raises a traceback at kube-scheduler. Filter and prioritize are plain
+functions, answered by :mod:`.httpserver` as soon as their request is read; bind awaits the API
+server.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from ..errors import ValidationError
@@ -22,15 +23,14 @@ from ..request import PodRequest
 from . import wire
 from .bind import Binder, BindError
 from .events import REASON_BIND_FAILED, REASON_INVALID, REASON_UNSCHEDULABLE, EventRecorder
+from .httpserver import Handler, HttpServer, Request, Response, json_response, text_response
 from .metrics import Metrics
 from .view import ClusterView
 
 log = logging.getLogger(__name__)
 
 
-def _json(data: Any, status: int = 200) -> web.Response:
-    return web.Response(body=json.dumps(data, separators=(",", ":")).encode(), status=status,
-                        content_type="application/json")
+_json = json_response
 
 
 class ExtenderApp:
@@ -51,21 +51,37 @@ class ExtenderApp:
         # same dict again while nothing it read changed)
         self._encoded: tuple[dict[str, int], bytes] | None = None
 
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=256 * 1024 * 1024)
-        app.router.add_post("/filter", self._timed("filter", self.filter))
-        app.router.add_post("/prioritize", self._timed("prioritize", self.prioritize))
-        app.router.add_post("/bind", self._timed("bind", self.bind))
-        app.router.add_get("/healthz", self.healthz)
-        app.router.add_get("/readyz", self.readyz)
-        app.router.add_get("/metrics", self.metrics_handler)
-        return app
+    def routes(self) -> dict[tuple[str, str], Handler]:
+        return {
+            ("POST", "/filter"): self._timed("filter", self.filter),
+            ("POST", "/prioritize"): self._timed("prioritize", self.prioritize),
+            ("POST", "/bind"): self._timed_async("bind", self.bind),
+            ("GET", "/healthz"): self.healthz,
+            ("GET", "/readyz"): self.readyz,
+            ("GET", "/metrics"): self.metrics_handler,
+        }
 
-    def _timed(self, verb: str, fn: Callable[[web.Request], Awaitable[web.Response]]
-               ) -> Callable[[web.Request], Awaitable[web.Response]]:
+    def server(self) -> HttpServer:
+        return HttpServer(self.routes())
+
+    def _timed(self, verb: str, fn: Callable[[Request], Response]
+               ) -> Callable[[Request], Response]:
         hist = self.metrics.latency.labels(verb)
 
-        async def handler(request: web.Request) -> web.Response:
+        def handler(request: Request) -> Response:
+            t0 = time.perf_counter()
+            try:
+                return fn(request)
+            finally:
+                hist.observe(time.perf_counter() - t0)
+
+        return handler
+
+    def _timed_async(self, verb: str, fn: Callable[[Request], Awaitable[Response]]
+                     ) -> Callable[[Request], Awaitable[Response]]:
+        hist = self.metrics.latency.labels(verb)
+
+        async def handler(request: Request) -> Response:
             t0 = time.perf_counter()
             try:
                 return await fn(request)
@@ -74,32 +90,32 @@ class ExtenderApp:
 
         return handler
 
-    async def _body(self, request: web.Request, verb: str) -> Any:
+    def _body(self, request: Request) -> Any:
         try:
-            return await request.json(loads=json.loads)
+            return json.loads(request.body)
         except ValueError as e:
             raise ValidationError("body", "", f"must be JSON ({e})") from None
 
-    def _bad(self, verb: str, e: ValidationError, result: Any) -> web.Response:
-        self.metrics.failures.labels(verb, "bad-payload").inc()
-        self.metrics.decisions.labels(verb, "error").inc()
+    def _bad(self, verb: str, e: ValidationError, result: Any) -> Response:
+        self.metrics.failed(verb, "bad-payload")
+        self.metrics.decided(verb, "error")
         return _json(result, status=400)
 
     # -- verbs ---------------
-    async def filter(self, request: web.Request) -> web.Response:
+    def filter(self, request: Request) -> Response:
         try:
-            args = wire.parse_args(await self._body(request, "filter"))
+            args = wire.parse_args(self._body(request))
         except ValidationError as e:
             return self._bad("filter", e, wire.error_filter_result(str(e)))
         if not self.is_synced():
-            self.metrics.failures.labels("filter", "not-synced").inc()
+            self.metrics.failed("filter", "not-synced")
             return _json(wire.error_filter_result("sharegpu extender: cluster state not ready"))
         try:
             req = self.view.reader.request(args.pod)
         except ValidationError as e:
             msg = f"invalid GPU request: {e}"
             self._event(args.pod, REASON_INVALID, msg)
-            self.metrics.decisions.labels("filter", "invalid").inc()
+            self.metrics.decided("filter", "invalid")
             return _json(wire.filter_result(args, [], {}, dict.fromkeys(args.names, msg)))
         passed, failed, unres = self.view.filter(req, args.names)
         if passed and req.wants_gpu:
@@ -113,25 +129,25 @@ class ExtenderApp:
 
             self._event(args.pod, REASON_UNSCHEDULABLE,
                         summarize(len(args.names), {**failed, **unres}))
-            self.metrics.decisions.labels("filter", "no-fit").inc()
+            self.metrics.decided("filter", "no-fit")
         else:
-            self.metrics.decisions.labels("filter", "ok").inc()
-        return _json(wire.filter_result(args, passed, failed, unres))
+            self.metrics.decided("filter", "ok")
+        return Response(200, wire.filter_result_json(args, passed, failed, unres))
 
-    async def prioritize(self, request: web.Request) -> web.Response:
+    def prioritize(self, request: Request) -> Response:
         try:
-            args = wire.parse_args(await self._body(request, "prioritize"))
+            args = wire.parse_args(self._body(request))
         except ValidationError as e:
-            self.metrics.failures.labels("prioritize", "bad-payload").inc()
+            self.metrics.failed("prioritize", "bad-payload")
             return _json({"Error": str(e)}, status=400)
         try:
             req = self.view.reader.request(args.pod)
         except ValidationError:
-            self.metrics.decisions.labels("prioritize", "invalid").inc()
+            self.metrics.decided("prioritize", "invalid")
             return _json(wire.priority_list(dict.fromkeys(args.names, 0)))
         scores = self.view.prioritize(req, args.names)
-        self.metrics.decisions.labels("prioritize", "ok").inc()
-        return web.Response(body=self._encode(scores), content_type="application/json")
+        self.metrics.decided("prioritize", "ok")
+        return Response(200, self._encode(scores))
 
     def _encode(self, scores: dict[str, int]) -> bytes:
         if self._encoded is not None and self._encoded[0] is scores:
@@ -146,9 +162,9 @@ class ExtenderApp:
         except Exception as e:  # the prioritize request will compute (and report) it again
             log.debug("scoring ahead failed: %s", e)
 
-    async def bind(self, request: web.Request) -> web.Response:
+    async def bind(self, request: Request) -> Response:
         try:
-            args = wire.parse_binding(await self._body(request, "bind"))
+            args = wire.parse_binding(self._body(request))
         except ValidationError as e:
             return self._bad("bind", e, wire.binding_result(str(e)))
         if self.binder is None:
@@ -156,14 +172,14 @@ class ExtenderApp:
         try:
             out = await self.binder.bind(args)
         except BindError as e:
-            self.metrics.failures.labels("bind", e.reason).inc()
-            self.metrics.decisions.labels("bind", "error").inc()
+            self.metrics.failed("bind", e.reason)
+            self.metrics.decided("bind", "error")
             if e.reason not in ("not-leader", "read-pod"):
                 pod = {"metadata": {"name": args.pod_name, "namespace": args.pod_namespace,
                                     "uid": args.pod_uid}}
                 self._event(pod, REASON_BIND_FAILED, str(e))
             return _json(wire.binding_result(str(e)))
-        self.metrics.decisions.labels("bind", "already" if out.already else "ok").inc()
+        self.metrics.decided("bind", "already" if out.already else "ok")
         return _json(wire.binding_result())
 
     def _event(self, pod: Any, reason: str, message: str) -> None:
@@ -174,14 +190,13 @@ class ExtenderApp:
                 log.warning("event not recorded: %s", e)
 
     # -- probes ---------------
-    async def healthz(self, request: web.Request) -> web.Response:
-        return web.Response(text="ok")
+    def healthz(self, request: Request) -> Response:
+        return text_response("ok")
 
-    async def readyz(self, request: web.Request) -> web.Response:
+    def readyz(self, request: Request) -> Response:
         if self.is_ready():
-            return web.Response(text="ok")
-        return web.Response(text="not ready", status=503)
+            return text_response("ok")
+        return text_response("not ready", status=503)
 
-    async def metrics_handler(self, request: web.Request) -> web.Response:
-        body = self.metrics.render()
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    def metrics_handler(self, request: Request) -> Response:
+        return Response(200, self.metrics.render(), CONTENT_TYPE_LATEST)

@@ -28,6 +28,7 @@ from ..placement.base import get_policy, resolve
 from ..placement.fragmentation import Shape, TargetWorkload
 from ..placement.moves import has_fast_path
 from ..placement.nodecache import ShapeCache
+from ..placement.rowmemo import unique_keys
 from ..pods import is_terminated, node_of
 from ..request import Kind, PodRequest, parse_pod
 from ..scheduler import Scheduler
@@ -163,6 +164,7 @@ class ClusterView:
             tuple[Any, ...], list[str], np.ndarray, np.ndarray, dict[str, int]
         ] | None = None
         self._nodes_version = 0  # grows whenever a node is added, changed or removed
+        self._passed: tuple[list[str], np.ndarray, int] = ([], np.zeros(0, dtype=np.int64), -1)
         self.synced = False
         self.reader = PlacementReader()
         # FGD and strand score a node from that node's row alone, so their scores can be kept
@@ -398,6 +400,9 @@ class ClusterView:
         ok = np.zeros(len(names), dtype=bool)
         ok[known] = self.feasible(req)[slots[known]]
         passed = [names[j] for j in np.flatnonzero(ok).tolist()]
+        # the prioritize that follows asks for these names: their slots hold while no node
+        # is added, changed or removed
+        self._passed = (passed, slots[ok], self._nodes_version)
         failed: dict[str, str] = {}
         unres: dict[str, str] = {}
         bad = np.flatnonzero(~ok)
@@ -504,7 +509,11 @@ class ClusterView:
             slots = last[2]
             if np.array_equal(self._versions_read(slots), last[3]):
                 return last[4]
-        slots = self.slots(names)
+        p_names, p_slots, p_version = self._passed
+        if names is p_names and p_version == self._nodes_version:
+            slots = p_slots
+        else:
+            slots = self.slots(names)
         out = self._prioritize(req, names, slots)
         self._last_scores = (stamp, list(names), slots, self._versions_read(slots), out)
         return out
@@ -551,8 +560,8 @@ class ClusterView:
                  st.gpu_pods[stale].astype(np.int64),
                  np.stack([st.model[stale].astype(np.int64), st.cpu_free[stale],
                            st.mem_free[stale]], axis=1)], axis=1)
-            _, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
-            score = self.scheduler.scores(req, stale[first])[inverse.ravel()]
+            first, inverse = unique_keys(np.ascontiguousarray(rows))
+            score = self.scheduler.scores(req, stale[first])[inverse]
             cache.store(self.state, stale, col, score=score)
         elif len(stale):
             cache.store(self.state, stale, col, score=self.scheduler.scores(req, stale))

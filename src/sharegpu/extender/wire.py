@@ -130,6 +130,26 @@ def filter_result(
     return out
 
 
+def filter_result_json(
+    args: ExtenderArgs,
+    passed: Sequence[str],
+    failed: Mapping[str, str],
+    unresolvable: Mapping[str, str],
+) -> bytes:
+    """``json.dumps(filter_result(...))``, with the passing names (hundreds of them) written
+    directly when they need no escaping (node names are DNS names)."""
+    if args.nodes is not None or not _PLAIN.fullmatch("".join(passed)):
+        return _dumps(filter_result(args, passed, failed, unresolvable))
+    names = '["' + '","'.join(passed) + '"]' if passed else "[]"
+    rest = _dumps({"FailedNodes": dict(failed),
+                   "FailedAndUnresolvableNodes": dict(unresolvable), "Error": ""})
+    return b'{"Nodes":null,"NodeNames":' + names.encode() + b"," + rest[1:]
+
+
+def _dumps(data: Any) -> bytes:
+    return json.dumps(data, separators=(",", ":")).encode()
+
+
 def error_filter_result(message: str) -> dict[str, Any]:
     return {"Nodes": None, "NodeNames": None, "FailedNodes": {},
             "FailedAndUnresolvableNodes": {}, "Error": message}
@@ -145,13 +165,24 @@ _PLAIN = re.compile(r"[A-Za-z0-9._:-]*")
 
 
 def priority_list_json(scores: Mapping[str, int]) -> bytes:
-    """``json.dumps(priority_list(scores))``, formatted directly when every host name needs no
-    escaping (node names are DNS names), which is several times faster for long lists."""
-    items = [(h, s) for h, s in scores.items() if s]
-    if _PLAIN.fullmatch("".join([h for h, _ in items])):  # plain names joined stay plain
-        return ("[" + ",".join([f'{{"Host":"{h}","Score":{int(s)}}}' for h, s in items])
-                + "]").encode()
-    return json.dumps(priority_list(scores), separators=(",", ":")).encode()
+    """``json.dumps(priority_list(scores))`` up to the order of the hosts (kube-scheduler adds
+    each host's score wherever it is listed), formatted directly when every host name needs no
+    escaping (node names are DNS names): hosts are grouped by score and each group joined in
+    one call, several times faster than encoding 500 objects one by one."""
+    groups: dict[int, list[str]] = {}
+    for h, s in scores.items():
+        if s:
+            if s in groups:
+                groups[s].append(h)
+            else:
+                groups[s] = [h]
+    if not _PLAIN.fullmatch("".join(["".join(g) for g in groups.values()])):
+        return json.dumps(priority_list(scores), separators=(",", ":")).encode()
+    parts = []
+    for s, hosts in groups.items():
+        tail = f'","Score":{int(s)}}}'
+        parts.append('{"Host":"' + (tail + ',{"Host":"').join(hosts) + tail)
+    return ("[" + ",".join(parts) + "]").encode()
 
 
 def binding_result(error: str = "") -> dict[str, str]:

@@ -18,6 +18,7 @@ allocation is the one move, and nothing is cached.
 
 from __future__ import annotations
 
+import functools
 from typing import ClassVar
 
 import numpy as np
@@ -28,6 +29,12 @@ from ..state import ClusterState
 from .base import Policy
 from .gpus import assign, node_strategy
 from .nodecache import ShapeCache
+
+
+@functools.cache
+def _earlier(w: int) -> np.ndarray:
+    """[w, w]: True where the column's GPU comes before the row's."""
+    return np.tril(np.ones((w, w), dtype=bool), -1)
 
 
 def has_fast_path(req: PodRequest) -> bool:
@@ -106,7 +113,7 @@ class MovePolicy(Policy):
         w = free.shape[1]
         # the first GPU of each distinct free amount stands for all GPUs with that amount
         same = (free[:, :, None] == free[:, None, :]) & fits[:, None, :]
-        earlier = np.tril(np.ones((w, w), dtype=bool), -1)
+        earlier = _earlier(w)
         dup = (same & earlier[None, :, :]).any(axis=2)
         ri, gj = np.nonzero(fits & ~dup)
         rows = free[ri].copy()

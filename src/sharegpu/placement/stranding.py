@@ -98,12 +98,15 @@ class StrandingModel:
         if len(free) == 0 or self.size == 0:
             return np.zeros(len(free))
         w = free.shape[1]
-        return self.memo(row_keys(free, cpu, mem, model), lambda k: self._rows(
+        return self.memo(row_keys(free, cpu, mem, model), lambda k: self.values(
             np.ascontiguousarray(k[:, :w]), k[:, w], k[:, w + 1], k[:, w + 2]))
 
-    def _rows(
+    def values(
         self, free: np.ndarray, cpu: np.ndarray, mem: np.ndarray, model: np.ndarray
     ) -> np.ndarray:
+        """The measure of rows, computed (no memo)."""
+        if len(free) == 0 or self.size == 0:
+            return np.zeros(len(free))
         fit = free[:, :, None] >= self.gpu[None, None, :]  # [R, W, T]
         ok = (fit.sum(axis=1) >= self.k[None, :]) & self.access[:, model].T
         gpu_use = np.where(ok, np.einsum("rw,rwt->rt", free, fit, dtype=np.float64), 0.0)

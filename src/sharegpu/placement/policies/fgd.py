@@ -44,8 +44,12 @@ class FragmentationModel:
         if len(free) == 0:
             return np.zeros(0)
         w = free.shape[1]
-        return self.memo(row_keys(free, cpu, model), lambda k: fragmentation(
-            np.ascontiguousarray(k[:, :w]), k[:, w], k[:, w + 1], self.workload, self._access))
+        return self.memo(row_keys(free, cpu, model), lambda k: self.values(
+            np.ascontiguousarray(k[:, :w]), k[:, w], k[:, w + 1]))
+
+    def values(self, free: np.ndarray, cpu: np.ndarray, model: np.ndarray) -> np.ndarray:
+        """F of rows, computed (no memo); ``free`` rows sorted largest first."""
+        return fragmentation(free, cpu, model, self.workload, self._access)
 
     def nodes(self, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
         self.refresh(state)

@@ -24,7 +24,7 @@ from ...state import ClusterState
 from ..base import register
 from ..fragmentation import TargetWorkload
 from ..moves import MovePolicy
-from ..nodecache import ShapeCache
+from ..rowmemo import RowMemo, row_keys
 from ..stranding import StrandingModel
 from .fgd import PAPER_SCALE, FragmentationModel, gpu_scale, sigmoid_score
 
@@ -48,7 +48,8 @@ class Strand(MovePolicy):
 
     def _reset(self) -> None:
         self.reset_cache()
-        self._before = ShapeCache({"f": np.float64, "r": np.float64, "v": np.float64}, columns=1)
+        self.memo = RowMemo()  # F, R and V of a node row, by the row's content
+        self._models = -1
 
     def prepare(self, state: ClusterState, workload: object | None = None) -> None:
         if not isinstance(workload, TargetWorkload):
@@ -77,34 +78,31 @@ class Strand(MovePolicy):
 
     beta = 1.0
 
-    # -- F and R before, cached per node version ------------------------------------------------
-    def before(self, state: ClusterState, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    # -- F, R and V of node rows ---------------------------------------------------------------
+    def measures(self, keys: np.ndarray) -> np.ndarray:
+        """[R, 3]: F, R and V of rows given by :func:`..rowmemo.row_keys` (free GPU, CPU,
+        memory, model), each distinct row computed once."""
+        return self.memo(keys, self._compute)
+
+    def _compute(self, keys: np.ndarray) -> np.ndarray:
         assert self.model is not None
-        stale = self._before.stale(state, nodes, 0)
-        if len(stale):
-            free, cpu = state.gpu_free[stale], state.cpu_free[stale]
-            mem, model = state.mem_free[stale], state.model[stale]
-            self._before.store(
-                state, stale, 0, f=self.frag.rows(free, cpu, model),
-                r=self.model.rows(free, cpu, mem, model),
-                v=self.claim.rows(free, cpu, mem, model),
-            )
-        return (self._before.get("f", nodes, 0), self._before.get("r", nodes, 0),
-                self._before.get("v", nodes, 0))
+        w = keys.shape[1] - 3
+        free = np.ascontiguousarray(keys[:, :w])
+        cpu, mem, model = keys[:, w], keys[:, w + 1], keys[:, w + 2]
+        return np.stack([self.frag.values(free, cpu, model),
+                         self.model.values(free, cpu, mem, model),
+                         self.claim.values(free, cpu, mem, model)], axis=1)
 
     def gains(
         self, state: ClusterState, req: PodRequest, nodes: np.ndarray, ri: np.ndarray,
         rows: np.ndarray,
     ) -> np.ndarray:
-        assert self.model is not None
-        f0, r0, v0 = self.before(state, nodes)
-        cpu = state.cpu_free[nodes][ri] - req.cpu_milli
-        mem = state.mem_free[nodes][ri] - req.mem_mib
-        model = state.model[nodes][ri]
-        f1 = self.frag.rows(rows, cpu, model)
-        r1 = self.model.rows(rows, cpu, mem, model)
-        v1 = self.claim.rows(rows, cpu, mem, model)
-        return self.rate(f0[ri] - f1, r0[ri] - r1, v0[ri] - v1)
+        cpu, mem, model = state.cpu_free[nodes], state.mem_free[nodes], state.model[nodes]
+        before = row_keys(state.gpu_free[nodes], cpu, mem, model)
+        after = row_keys(rows, cpu[ri] - req.cpu_milli, mem[ri] - req.mem_mib, model[ri])
+        m = self.measures(np.concatenate([before, after]))
+        d = m[: len(nodes)][ri] - m[len(nodes) :]  # before − after, per move
+        return self.rate(d[:, 0], d[:, 1], d[:, 2])
 
     def refresh(self, state: ClusterState) -> None:
         if self.model is None:
@@ -112,3 +110,6 @@ class Strand(MovePolicy):
         self.model.refresh(state.models)
         self.claim.refresh(state.models)
         self.frag.refresh(state)
+        if len(state.models) != self._models:  # a new card model: access to it changed
+            self.memo.clear()
+            self._models = len(state.models)

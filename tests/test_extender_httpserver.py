@@ -1,0 +1,248 @@
+"""The extender's HTTP/1.1 server over real sockets: keep-alive, pipelining in order, chunked
+bodies, limits, malformed requests, errors, HTTP/1.0, 100-continue, TLS, and clients that leave.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from sharegpu.extender.httpserver import HttpServer, Request, Response, json_response
+from sharegpu.testing.tls import make_certificates
+
+
+async def _slow(req: Request) -> Response:
+    await asyncio.sleep(0.05)
+    return json_response({"slow": req.body.decode()})
+
+
+def _echo(req: Request) -> Response:
+    return json_response({"path": req.path, "query": req.query, "len": len(req.body),
+                          "body": req.body.decode(errors="replace"),
+                          "type": req.headers.get("content-type", "")})
+
+
+def _boom(req: Request) -> Response:
+    raise RuntimeError("the handler broke")
+
+
+ROUTES: dict[tuple[str, str], Callable[[Request], Response | Awaitable[Response]]] = {
+    ("POST", "/echo"): _echo, ("GET", "/echo"): _echo, ("POST", "/slow"): _slow,
+    ("POST", "/boom"): _boom,
+}
+
+
+def serve(body: Callable[[int], Awaitable[None]], *, tls: ssl.SSLContext | None = None,
+          **kw: Any) -> None:
+    async def go() -> None:
+        server = HttpServer(ROUTES, **kw)
+        port = await server.start("127.0.0.1", 0, tls)
+        try:
+            await body(port)
+        finally:
+            await server.close()
+
+    asyncio.run(go())
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ")[1])
+    headers = {k.lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:] if x)}
+    body = await reader.readexactly(int(headers.get("content-length", "0")))
+    return status, headers, body
+
+
+def post(path: str, body: bytes, extra: str = "", version: str = "1.1") -> bytes:
+    return (f"POST {path} HTTP/{version}\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n{extra}\r\n").encode() + body
+
+
+async def connect(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.open_connection("127.0.0.1", port)
+
+
+def test_keep_alive_serves_many_requests_on_one_connection() -> None:
+    async def body(port: int) -> None:
+        r, w = await connect(port)
+        for i in range(50):
+            w.write(post(f"/echo?i={i}", json.dumps({"i": i}).encode()))
+            status, headers, out = await read_response(r)
+            assert status == 200 and headers["content-type"] == "application/json"
+            assert json.loads(out) == {"path": "/echo", "query": f"i={i}", "len": len(
+                json.dumps({"i": i})), "body": json.dumps({"i": i}),
+                "type": "application/json"}
+            assert "connection" not in headers
+        w.close()
+
+    serve(body)
+
+
+def test_pipelined_requests_are_answered_in_order() -> None:
+    async def body(port: int) -> None:
+        r, w = await connect(port)
+        # a slow coroutine handler first: the fast ones behind it must wait for it
+        w.write(post("/slow", b"one") + post("/echo", b"two") + post("/slow", b"three")
+                + post("/echo", b"four"))
+        got = [json.loads((await read_response(r))[2]) for _ in range(4)]
+        assert [g.get("slow") or g.get("body") for g in got] == ["one", "two", "three", "four"]
+        w.close()
+
+    serve(body)
+
+
+def test_chunked_body_is_read_whole() -> None:
+    async def body(port: int) -> None:
+        r, w = await connect(port)
+        payload = b'{"Pod": "x"}' * 1000
+        chunks = [payload[i:i + 777] for i in range(0, len(payload), 777)]
+        w.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                + b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks) + b"0\r\n\r\n")
+        status, _, out = await read_response(r)
+        assert status == 200 and json.loads(out)["len"] == len(payload)
+        w.close()
+
+    serve(body)
+
+
+def test_body_over_the_limit_is_refused_and_the_connection_closed() -> None:
+    async def body(port: int) -> None:
+        for data in (post("/echo", b"x" * 2000),  # announced by Content-Length
+                     b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     + b"400\r\n" + b"y" * 1024 + b"\r\n" + b"400\r\n" + b"y" * 1024 + b"\r\n"):
+            r, w = await connect(port)
+            w.write(data)
+            status, headers, out = await read_response(r)
+            assert status == 413 and headers["connection"] == "close"
+            assert "larger than 1500 bytes" in json.loads(out)["Error"]
+            assert await r.read() == b""  # closed
+            w.close()
+
+    serve(body, max_body=1500)
+
+
+def test_huge_headers_are_refused() -> None:
+    async def body(port: int) -> None:
+        r, w = await connect(port)
+        w.write(post("/echo", b"{}", extra="X-Junk: " + "j" * 5000 + "\r\n"))
+        status, _, out = await read_response(r)
+        assert status == 431 and "headers larger than 4096" in json.loads(out)["Error"]
+        w.close()
+
+    serve(body, max_header=4096)
+
+
+def test_malformed_request_gets_400_and_the_server_goes_on() -> None:
+    async def body(port: int) -> None:
+        r, w = await connect(port)
+        w.write(b"THIS IS NOT HTTP\r\n\r\n")
+        status, headers, out = await read_response(r)
+        assert status == 400 and headers["connection"] == "close"
+        assert "malformed HTTP request" in json.loads(out)["Error"]
+        assert await r.read() == b""
+        w.close()
+        r, w = await connect(port)  # others are still served
+        w.write(post("/echo", b"ok"))
+        assert (await read_response(r))[0] == 200
+        w.close()
+
+    serve(body)
+
+
+def test_unknown_path_and_wrong_method_are_named() -> None:
+    async def body(port: int) -> None:
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"http://127.0.0.1:{port}/nope") as resp:
+                assert resp.status == 404
+                assert (await resp.json())["Error"] == "no such path: /nope"
+            async with s.delete(f"http://127.0.0.1:{port}/slow") as resp:
+                assert resp.status == 405
+                assert (await resp.json())["Error"] == (
+                    "method DELETE not allowed on /slow (use POST)")
+
+    serve(body)
+
+
+def test_a_handler_that_raises_gets_500_and_the_connection_continues() -> None:
+    async def body(port: int) -> None:
+        r, w = await connect(port)
+        w.write(post("/boom", b"{}"))
+        status, headers, out = await read_response(r)
+        assert status == 500 and "connection" not in headers
+        assert json.loads(out)["Error"] == "internal error: RuntimeError: the handler broke"
+        w.write(post("/echo", b"after"))
+        status, _, out = await read_response(r)
+        assert status == 200 and json.loads(out)["body"] == "after"
+        w.close()
+
+    serve(body)
+
+
+def test_http_1_0_and_connection_close_end_the_connection() -> None:
+    async def body(port: int) -> None:
+        for data in (post("/echo", b"a", version="1.0"),
+                     post("/echo", b"b", extra="Connection: close\r\n")):
+            r, w = await connect(port)
+            w.write(data)
+            status, headers, _ = await read_response(r)
+            assert status == 200 and headers["connection"] == "close"
+            assert await r.read() == b""
+            w.close()
+
+    serve(body)
+
+
+def test_expect_100_continue_gets_the_interim_answer() -> None:
+    async def body(port: int) -> None:
+        r, w = await connect(port)
+        w.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+                b"Expect: 100-continue\r\n\r\n")
+        assert await r.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
+        w.write(b"hello")
+        status, _, out = await read_response(r)
+        assert status == 200 and json.loads(out)["body"] == "hello"
+        w.close()
+
+    serve(body)
+
+
+def test_client_leaving_during_a_slow_handler_harms_nobody() -> None:
+    async def body(port: int) -> None:
+        r, w = await connect(port)
+        w.write(post("/slow", b"gone"))
+        w.close()
+        await asyncio.sleep(0.1)  # the handler finishes for a closed connection
+        r, w = await connect(port)
+        w.write(post("/slow", b"here"))
+        assert json.loads((await read_response(r))[2]) == {"slow": "here"}
+        w.close()
+
+    serve(body)
+
+
+def test_tls(tmp_path: Path) -> None:
+    files = make_certificates(tmp_path)
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(files.cert, files.key)
+    client_ctx = ssl.create_default_context(cafile=str(files.ca_cert))
+
+    async def body(port: int) -> None:
+        async with aiohttp.ClientSession() as s:
+            for i in range(3):
+                async with s.post(f"https://127.0.0.1:{port}/echo", data=b"secret",
+                                  ssl=client_ctx) as resp:
+                    assert resp.status == 200 and (await resp.json())["body"] == "secret", i
+            try:  # plain HTTP to a TLS port gets nowhere
+                async with s.get(f"http://127.0.0.1:{port}/echo") as resp:
+                    raise AssertionError(f"answered {resp.status} without TLS")
+            except aiohttp.ClientError:
+                pass
+
+    serve(body, tls=server_ctx)
