@@ -168,8 +168,18 @@ def plan(n_nodes: int, work: list[tuple[str, dict[str, Any]]], mode: str
     return out
 
 
+def cpu_seconds(pid: int | None) -> float | None:
+    """CPU time (user + system) a process has used, from /proc (Linux); None elsewhere."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 async def drive(port: int, n_nodes: int, work: list[tuple[str, dict[str, Any]]], mode: str,
-                inflight: int, warmup: int = 0) -> dict[str, Any]:
+                inflight: int, warmup: int = 0, server_pid: int | None = None) -> dict[str, Any]:
     bodies = plan(n_nodes, work, mode)
     rng = random.Random(3)
     lat: dict[str, list[float]] = {"filter": [], "prioritize": [], "bind": []}
@@ -212,11 +222,13 @@ async def drive(port: int, n_nodes: int, work: list[tuple[str, dict[str, Any]]],
             free.release()
 
     t_start = time.perf_counter()
+    cpu_before = cpu_seconds(server_pid)
     for n, (pod, pod_json, filter_body) in enumerate(bodies):
         if n == warmup:  # measure from here: the policy's caches are warm
             if tasks:
                 await asyncio.gather(*tasks)
             before = await server_time()
+            cpu_before = cpu_seconds(server_pid)
             for xs in lat.values():
                 xs.clear()
             errors.update(dict.fromkeys(errors, 0))
@@ -243,6 +255,7 @@ async def drive(port: int, n_nodes: int, work: list[tuple[str, dict[str, Any]]],
     if tasks:
         await asyncio.gather(*tasks)
     wall = time.perf_counter() - t_start
+    cpu_after = cpu_seconds(server_pid)
     after = await server_time()
     for conn in [main, *idle]:
         await conn.close()
@@ -263,8 +276,15 @@ async def drive(port: int, n_nodes: int, work: list[tuple[str, dict[str, Any]]],
         "latency_ms": {v: {"p50": pct(x, 50), "p99": pct(x, 99), "n": len(x)}
                        for v, x in lat.items()},
         "server_mean_ms": server_ms,
-        # pods/s one extender process could serve if HTTP clients cost it nothing more
-        "server_capacity_pods_per_s": round(1000 / max(sum(server_ms.values()), 1e-9), 1),
+        # the extender process's whole CPU time per pod (HTTP, event loop and scoring ahead
+        # included), and the pods/s that would make it busy all the time
+        "server_cpu_ms_per_pod": (
+            round(1000 * (cpu_after - cpu_before) / (len(work) - warmup), 3)
+            if cpu_after is not None and cpu_before is not None else None),
+        "server_capacity_pods_per_s": (
+            round((len(work) - warmup) / (cpu_after - cpu_before), 1)
+            if cpu_after is not None and cpu_before is not None and cpu_after > cpu_before
+            else None),
         "errors": errors,
     }
 
@@ -338,7 +358,8 @@ def run_scenario(n_nodes: int, n_pods: int, mode: str, inflight: int,
     proc.start()
     try:
         port = q.get(timeout=600)
-        return asyncio.run(drive(port, n_nodes, pods(n_pods + warmup), mode, inflight, warmup))
+        return asyncio.run(drive(port, n_nodes, pods(n_pods + warmup), mode, inflight, warmup,
+                                 proc.pid))
     finally:
         proc.terminate()
         proc.join()

@@ -8,6 +8,7 @@ end-to-end tests run against the fake API server (``sharegpu.testing.fakeapi``) 
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -53,7 +54,7 @@ class MemoryApi(KubeApi):
     async def get(self, path: str) -> Any:
         parts = path.strip("/").split("/")
         if len(parts) == 6 and parts[4] == "pods":
-            return copy.deepcopy(self._pod(parts[3], parts[5]))
+            return _fresh(self._pod(parts[3], parts[5]))
         if path in self.objects:
             return copy.deepcopy(self.objects[path])
         raise ApiError(404, "NotFound", path)
@@ -94,7 +95,7 @@ class MemoryApi(KubeApi):
             raise ApiError(409, "Conflict", "the object has been modified")
         meta.setdefault("annotations", {}).update(annotations)
         meta["resourceVersion"] = self._next_rv()
-        return copy.deepcopy(p)
+        return _fresh(p)
 
     async def bind(self, namespace: str, name: str, uid: str, node: str) -> Any:
         p = self._pod(namespace, name)
@@ -111,3 +112,8 @@ class MemoryApi(KubeApi):
     async def create_event(self, event: Mapping[str, Any]) -> Any:
         self.events.append(dict(event))
         return dict(event)
+
+
+def _fresh(obj: Any) -> Any:
+    """A copy the caller owns, made as a client makes one from the API server's answer."""
+    return json.loads(json.dumps(obj))

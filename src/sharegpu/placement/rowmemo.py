@@ -17,6 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 LIMIT = 1 << 18  # distinct rows kept (then the memo starts again)
+FEW = 64  # rows computed as they come, without looking for repeats among them
 
 
 def row_keys(free: np.ndarray, *columns: np.ndarray) -> np.ndarray:
@@ -61,10 +62,15 @@ class RowMemo:
         miss = [j for j, v in enumerate(vals) if v is None]
         if miss:
             sub = keys[miss]
-            first, inverse = unique_keys(sub)
-            got = compute(sub[first]).tolist()
-            if len(self.values) + len(first) > self.limit:
+            if len(miss) <= FEW:  # computing a repeat costs less than finding repeats
+                got = compute(sub).tolist()
+                inverse: list[int] | range = range(len(miss))
+            else:
+                first, inv = unique_keys(sub)
+                got = compute(sub[first]).tolist()
+                inverse = inv.tolist()
+            if len(self.values) + len(miss) > self.limit:
                 self.values.clear()
-            for j, g in zip(miss, inverse.tolist(), strict=True):
+            for j, g in zip(miss, inverse, strict=True):
                 vals[j] = self.values[ks[j]] = got[g]
         return np.array(vals, dtype=np.float64)
