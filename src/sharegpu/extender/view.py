@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Mapping
+from itertools import compress
 from operator import itemgetter
 from typing import Any
 
@@ -397,9 +398,12 @@ class ClusterView:
         self.maybe_refresh_workload()
         slots = self.slots(names)
         known = slots >= 0
-        ok = np.zeros(len(names), dtype=bool)
-        ok[known] = self.feasible(req)[slots[known]]
-        passed = [names[j] for j in np.flatnonzero(ok).tolist()]
+        if known.all():
+            ok = self.feasible(req)[slots]
+        else:
+            ok = np.zeros(len(names), dtype=bool)
+            ok[known] = self.feasible(req)[slots[known]]
+        passed = list(compress(names, ok.tolist()))
         # the prioritize that follows asks for these names: their slots hold while no node
         # is added, changed or removed
         self._passed = (passed, slots[ok], self._nodes_version)
