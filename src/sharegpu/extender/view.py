@@ -529,9 +529,8 @@ class ClusterView:
         return st.version[slots[slots >= 0]]
 
     def _prioritize(self, req: PodRequest, names: list[str], slots: np.ndarray) -> dict[str, int]:
-        among = np.zeros(self.state.n, dtype=bool)
-        among[slots[slots >= 0]] = True
-        nodes = np.flatnonzero(self.feasible(req) & among)
+        known = slots[slots >= 0]
+        nodes = known[self.feasible(req)[known]]
         if len(nodes) == 0:
             return dict.fromkeys(names, 0)
         scores = self.scores(req, nodes)

@@ -23,11 +23,12 @@ FEW = 64  # rows computed as they come, without looking for repeats among them
 def row_keys(free: np.ndarray, *columns: np.ndarray) -> np.ndarray:
     """[R, W + len(columns)] int64: each row's free GPU amounts sorted largest first, then
     ``columns`` (each [R])."""
-    srt = -np.sort(-free, axis=1)
-    return np.ascontiguousarray(
-        np.concatenate([srt.astype(np.int64)] + [c.astype(np.int64)[:, None] for c in columns],
-                       axis=1)
-    )
+    r, w = free.shape
+    out = np.empty((r, w + len(columns)), dtype=np.int64)
+    out[:, :w] = np.sort(free, axis=1)[:, ::-1]
+    for j, c in enumerate(columns):
+        out[:, w + j] = c
+    return out
 
 
 def unique_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -55,6 +55,11 @@ class StrandingModel:
         self.p = workload.p[keep].astype(np.float64)
         self.workload = workload
         self._keep = keep
+        self._const = {  # what values() would otherwise work out again for every batch
+            "cpu_used": self.cpu > 0, "cpu_div": np.maximum(self.cpu, 1),
+            "mem_used": self.mem > 0, "mem_div": np.maximum(self.mem, 1.0),
+            "per_pod": (self.k * self.gpu)[None, :],
+        }
         self._models = -1
         self.access = np.zeros((0, 0), dtype=bool)
         self.memo = RowMemo()
@@ -110,13 +115,10 @@ class StrandingModel:
         fit = free[:, :, None] >= self.gpu[None, None, :]  # [R, W, T]
         ok = (fit.sum(axis=1) >= self.k[None, :]) & self.access[:, model].T
         gpu_use = np.where(ok, np.einsum("rw,rwt->rt", free, fit, dtype=np.float64), 0.0)
-        by_cpu = np.where(
-            self.cpu > 0, np.floor(cpu[:, None] / np.maximum(self.cpu, 1)), np.inf
-        )
-        by_mem = np.where(
-            self.mem > 0, np.floor(mem[:, None] / np.maximum(self.mem, 1.0)), np.inf
-        )
-        cap = np.maximum(np.minimum(by_cpu, by_mem), 0.0) * (self.k * self.gpu)[None, :]
+        c = self._const
+        by_cpu = np.where(c["cpu_used"], np.floor(cpu[:, None] / c["cpu_div"]), np.inf)
+        by_mem = np.where(c["mem_used"], np.floor(mem[:, None] / c["mem_div"]), np.inf)
+        cap = np.maximum(np.minimum(by_cpu, by_mem), 0.0) * c["per_pod"]
         usable = np.minimum(gpu_use, cap)
         per_shape = gpu_use - usable if self.measure == "resources" else -usable
         # a row-wise sum so that equal rows give bit-equal values whatever the batch
