@@ -459,7 +459,7 @@ def exported_metrics() -> set[str]:
         text = path.read_text()
         for name in set(re.findall(r"\bsharegpu_[a-z_]+", text)):
             found.add(name)
-            if re.search(rf'Counter\(\s*"{name}"', text) or name.endswith("_total"):
+            if re.search(rf'(?:Counter|_Counts)\(\s*"{name}"', text) or name.endswith("_total"):
                 found.add(name.removesuffix("_total") + "_total")
             if re.search(rf'Histogram\(\s*"{name}"', text):
                 found |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}

@@ -6,11 +6,13 @@ decisions pay nothing for them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import collections
+from collections.abc import Callable, Iterator
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from .. import names
 from ..state import ClusterState
@@ -66,17 +68,34 @@ def gpu_exposition(st: ClusterState) -> bytes:
     return "".join(out).encode()
 
 
+class _Counts(Collector):
+    """A labelled counter kept as plain integers (a request pays a dict increment, not a
+    lock and a child lookup) and written out at scrape time."""
+
+    def __init__(self, name: str, documentation: str, labels: tuple[str, ...]) -> None:
+        self.name, self.documentation, self.labels = name, documentation, list(labels)
+        self.counts: collections.Counter[tuple[str, ...]] = collections.Counter()
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        fam = CounterMetricFamily(self.name, self.documentation, labels=self.labels)
+        for values, n in sorted(self.counts.items()):
+            fam.add_metric(list(values), n)
+        yield fam
+
+
 class Metrics:
     def __init__(self, view: Callable[[], ClusterView] | None = None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.decisions = Counter("sharegpu_extender_decisions", "answers given, by verb and result",
-                                 ["verb", "result"], registry=r)
+        self.decisions = _Counts("sharegpu_extender_decisions",
+                                 "answers given, by verb and result", ("verb", "result"))
+        r.register(self.decisions)
         self.latency = Histogram("sharegpu_extender_request_seconds",
                                  "time to answer a request, by verb", ["verb"],
                                  buckets=BUCKETS, registry=r)
-        self.failures = Counter("sharegpu_extender_failures", "failures by verb and reason",
-                                ["verb", "reason"], registry=r)
+        self.failures = _Counts("sharegpu_extender_failures", "failures by verb and reason",
+                                ("verb", "reason"))
+        r.register(self.failures)
         self.leader = Gauge("sharegpu_extender_leader", "1 when this replica is the leader",
                             registry=r)
         self.drift = Counter("sharegpu_extender_state_drift",
@@ -91,21 +110,13 @@ class Metrics:
         self.events = Counter("sharegpu_extender_events", "Events posted, by reason", ["reason"],
                               registry=r)
         self.view = view
-        self._children: dict[tuple[str, str, str], Any] = {}
 
     def decided(self, verb: str, result: str) -> None:
-        """Count an answer (its counter child looked up once: this runs on every request)."""
-        self._child(self.decisions, "d", verb, result).inc()
+        """Count an answer (this runs on every request: a dict increment)."""
+        self.decisions.counts[(verb, result)] += 1
 
     def failed(self, verb: str, reason: str) -> None:
-        self._child(self.failures, "f", verb, reason).inc()
-
-    def _child(self, family: Counter, tag: str, a: str, b: str) -> Any:
-        key = (tag, a, b)
-        c = self._children.get(key)
-        if c is None:
-            c = self._children[key] = family.labels(a, b)
-        return c
+        self.failures.counts[(verb, reason)] += 1
 
     def render(self) -> bytes:
         out = generate_latest(self.registry)

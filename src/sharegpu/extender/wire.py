@@ -10,7 +10,6 @@ an ``Error`` answer (HTTP 400), never a traceback.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -138,7 +137,7 @@ def filter_result_json(
 ) -> bytes:
     """``json.dumps(filter_result(...))``, with the passing names (hundreds of them) written
     directly when they need no escaping (node names are DNS names)."""
-    if args.nodes is not None or not _PLAIN.fullmatch("".join(passed)):
+    if args.nodes is not None or not _plain("".join(passed)):
         return _dumps(filter_result(args, passed, failed, unresolvable))
     names = '["' + '","'.join(passed) + '"]' if passed else "[]"
     rest = _dumps({"FailedNodes": dict(failed),
@@ -161,7 +160,10 @@ def priority_list(scores: Mapping[str, int]) -> list[dict[str, Any]]:
     return [{"Host": h, "Score": s} for h, s in scores.items() if s]
 
 
-_PLAIN = re.compile(r"[A-Za-z0-9._:-]*")
+def _plain(text: str) -> bool:
+    """Whether ``text`` goes into a JSON string as it is: printable ASCII without quotes or
+    backslashes (node names, which are DNS names, always are)."""
+    return text.isascii() and text.isprintable() and '"' not in text and "\\" not in text
 
 
 def priority_list_json(scores: Mapping[str, int]) -> bytes:
@@ -176,7 +178,7 @@ def priority_list_json(scores: Mapping[str, int]) -> bytes:
                 groups[s].append(h)
             else:
                 groups[s] = [h]
-    if not _PLAIN.fullmatch("".join(["".join(g) for g in groups.values()])):
+    if not _plain("".join(["".join(g) for g in groups.values()])):
         return json.dumps(priority_list(scores), separators=(",", ":")).encode()
     parts = []
     for s, hosts in groups.items():
