@@ -38,7 +38,7 @@ MAX_HEADER = 64 * 1024
 MAX_QUEUED = 64  # pipelined requests held per connection before reading pauses
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Request:
     method: str
     path: str
@@ -47,7 +47,7 @@ class Request:
     body: bytes = b""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Response:
     status: int = 200
     body: bytes = b""
@@ -66,13 +66,18 @@ Handler = Callable[[Request], Response | Awaitable[Response]]
 
 
 def _head(status: int, content_type: str, length: int, close: bool) -> bytes:
-    reason = _REASONS.get(status, "Status")
-    conn = "Connection: close\r\n" if close else ""
-    return (f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\n"
-            f"Content-Length: {length}\r\n{conn}\r\n").encode("latin-1")
+    key = (status, content_type, close)
+    start = _HEADS.get(key)
+    if start is None:
+        reason = _REASONS.get(status, "Status")
+        conn = "Connection: close\r\n" if close else ""
+        start = _HEADS[key] = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\n"
+                               f"{conn}Content-Length: ").encode("latin-1")
+    return start + b"%d\r\n\r\n" % length
 
 
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
+_HEADS: dict[tuple[int, str, bool], bytes] = {}
 
 
 class _Refused(Exception):
