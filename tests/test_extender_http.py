@@ -4,6 +4,7 @@ bind, errors as ``Error`` answers, idempotent binds, release on failure, metrics
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -283,3 +284,67 @@ def test_bind_uses_the_pod_sent_with_filter_and_starts_over_when_it_changed() ->
         assert env.view.drift() == [] and set(env.view.state.pods) == {"default/p", "default/q"}
 
     run(pods, body)
+
+
+def test_prioritize_sent_byte_for_byte_after_filter_uses_the_scores_made_ahead() -> None:
+    """kube-scheduler marshals the same ExtenderArgs for filter and prioritize, only the names
+    differ: such a prioritize is answered from the scores made right after the filter, and only
+    while nothing they read has changed."""
+    nodes = [kobjects.node(f"n{i}", [16, 16], "cgpu") for i in range(4)]
+    pod = kobjects.pod("p", mem=4)
+
+    def compact(data: Any) -> bytes:
+        return json.dumps(data, separators=(",", ":")).encode()
+
+    async def go() -> None:
+        view = ClusterView()
+        view.reset(nodes, [])
+        api = MemoryApi([pod, kobjects.pod("other", mem=12)])
+        app = ExtenderApp(view, Binder(api, lambda: view), Metrics(lambda: view))
+        decoded = 0
+        real_body = app._body
+
+        def counting_body(request: Any) -> Any:
+            nonlocal decoded
+            decoded += 1
+            return real_body(request)
+
+        app._body = counting_body  # type: ignore[method-assign]
+        server = app.server()
+        port = await server.start("127.0.0.1", 0)
+        try:
+            async with aiohttp.ClientSession() as s:
+                async def post(verb: str, data: bytes) -> Any:
+                    async with s.post(f"http://127.0.0.1:{port}/{verb}", data=data) as r:
+                        assert r.status == 200
+                        return await r.json()
+
+                names = [n["metadata"]["name"] for n in nodes]
+                f = await post("filter", compact({"Pod": pod, "Nodes": None,
+                                                  "NodeNames": names}))
+                passed = f["NodeNames"]
+                assert len(passed) == 4
+                await asyncio.sleep(0.01)  # the scores ahead are made after the answer
+                same = compact({"Pod": pod, "Nodes": None, "NodeNames": passed})
+                spaced = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": passed},
+                                    indent=1).encode()
+
+                def by_host(answer: list[dict[str, Any]]) -> dict[str, int]:
+                    return {h["Host"]: h["Score"] for h in answer}
+
+                before = decoded
+                fast = by_host(await post("prioritize", same))
+                assert decoded == before  # answered without decoding the request
+                slow = by_host(await post("prioritize", spaced))
+                assert decoded == before + 1 and fast == slow
+                # a pod lands on the node that scored 10: the scores ahead are stale now
+                best = next(h for h, v in fast.items() if v == 10)
+                view.reserve(view.reader.request(kobjects.pod("other", mem=12)), best)
+                again = by_host(await post("prioritize", same))
+                assert decoded == before + 2  # decoded and scored afresh
+                assert again == by_host(await post("prioritize", spaced))
+                assert again != fast  # the node that changed scores differently now
+        finally:
+            await server.close()
+
+    asyncio.run(go())

@@ -100,3 +100,25 @@ def test_priority_list_and_binding_result() -> None:
         assert len(got) == len({h["Host"] for h in got})
     assert wire.binding_result() == {"Error": ""}
     assert wire.binding_result("boom") == {"Error": "boom"}
+
+
+def test_names_json_and_the_prioritize_body_expected_after_a_filter() -> None:
+    assert wire.names_json(["a", "b-1.x"]) == b'["a","b-1.x"]'
+    assert wire.names_json([]) == b"[]"
+    assert wire.names_json(['we"ird']) is None
+    pod = kobjects.pod("p", mem=4)
+    cand, passed = ["a", "b", "c"], ["a", "c"]
+    body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": cand},
+                      separators=(",", ":")).encode()
+    expected = wire.prioritize_body(body, wire.names_json(passed) or b"")
+    # what kube-scheduler sends: the same args marshalled with the names it got back
+    assert expected == json.dumps({"Pod": pod, "Nodes": None, "NodeNames": passed},
+                                  separators=(",", ":")).encode()
+    # other layouts are not guessed at
+    for other in (json.dumps({"NodeNames": cand, "Pod": pod}).encode(),  # names not last
+                  json.dumps({"Pod": pod, "NodeNames": cand}, indent=1).encode(),
+                  json.dumps({"Pod": {}, 'a"NodeNames': ["a"]},  # a key's escaped quote
+                             separators=(",", ":")).encode(),
+                  b'{"Pod":{},"NodeNames":["a"]} '):  # trailing space
+        assert wire.prioritize_body(other, b'["a"]') is None
+

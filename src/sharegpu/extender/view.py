@@ -522,6 +522,18 @@ class ClusterView:
         self._last_scores = (stamp, list(names), slots, self._versions_read(slots), out)
         return out
 
+    def still_current(self, scores: dict[str, int]) -> bool:
+        """Whether ``scores``, the last answer :meth:`prioritize` gave, would be given again
+        for the same pod and names now (nothing it read has changed)."""
+        last = self._last_scores
+        if last is None or last[4] is not scores:
+            return False
+        self.maybe_refresh_workload()
+        st = self.state
+        if last[0][3:] != (id(st), st.n, self._nodes_version, self._epoch):
+            return False
+        return bool(np.array_equal(self._versions_read(last[2]), last[3]))
+
     def _versions_read(self, slots: np.ndarray) -> np.ndarray:
         st = self.state
         if not self._row_local:  # the policy may read any node: the whole cluster's versions

@@ -137,12 +137,36 @@ def filter_result_json(
 ) -> bytes:
     """``json.dumps(filter_result(...))``, with the passing names (hundreds of them) written
     directly when they need no escaping (node names are DNS names)."""
-    if args.nodes is not None or not _plain("".join(passed)):
+    names = names_json(passed) if args.nodes is None else None
+    if names is None:
         return _dumps(filter_result(args, passed, failed, unresolvable))
-    names = '["' + '","'.join(passed) + '"]' if passed else "[]"
     rest = _dumps({"FailedNodes": dict(failed),
                    "FailedAndUnresolvableNodes": dict(unresolvable), "Error": ""})
-    return b'{"Nodes":null,"NodeNames":' + names.encode() + b"," + rest[1:]
+    return b'{"Nodes":null,"NodeNames":' + names + b"," + rest[1:]
+
+
+def names_json(names: Sequence[str]) -> bytes | None:
+    """The compact JSON array of ``names`` (what Go's encoding/json writes for them), or
+    ``None`` when a name would need escaping."""
+    if not _plain("".join(names)):
+        return None
+    return ('["' + '","'.join(names) + '"]' if names else "[]").encode()
+
+
+_NAMES_KEY = b'"NodeNames":'
+
+
+def prioritize_body(filter_body: bytes, passed_json: bytes) -> bytes | None:
+    """The prioritize request kube-scheduler will send after a filter request with this body,
+    when the filter answer passed the names ``passed_json``: kube-scheduler marshals the same
+    ``ExtenderArgs`` (the same Pod object, then ``NodeNames`` last) with the names it got back,
+    so only the names differ. ``None`` when the filter body is not in that form."""
+    i = filter_body.rfind(_NAMES_KEY)
+    # the key must open a member ("," or "{" before it, so not the tail of an escaped string)
+    # whose array value ends the top-level object
+    if i < 1 or filter_body[i - 1 : i] not in (b",", b"{") or not filter_body.endswith(b"]}"):
+        return None
+    return filter_body[: i + len(_NAMES_KEY)] + passed_json + b"}"
 
 
 def _dumps(data: Any) -> bytes:
