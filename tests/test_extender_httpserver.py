@@ -16,9 +16,12 @@ import aiohttp
 from sharegpu.extender.httpserver import HttpServer, Request, Response, json_response
 from sharegpu.testing.tls import make_certificates
 
+FINISHED: list[str] = []
+
 
 async def _slow(req: Request) -> Response:
     await asyncio.sleep(0.05)
+    FINISHED.append(req.body.decode())
     return json_response({"slow": req.body.decode()})
 
 
@@ -214,17 +217,52 @@ def test_expect_100_continue_gets_the_interim_answer() -> None:
 
 
 def test_client_leaving_during_a_slow_handler_harms_nobody() -> None:
+    FINISHED.clear()
+
     async def body(port: int) -> None:
         r, w = await connect(port)
         w.write(post("/slow", b"gone"))
+        await asyncio.sleep(0.01)
         w.close()
-        await asyncio.sleep(0.1)  # the handler finishes for a closed connection
+        await asyncio.sleep(0.1)
+        assert FINISHED == ["gone"]  # ran to its end although nobody waits for the answer
         r, w = await connect(port)
         w.write(post("/slow", b"here"))
         assert json.loads((await read_response(r))[2]) == {"slow": "here"}
         w.close()
 
     serve(body)
+
+
+def test_a_bad_request_behind_a_running_handler_does_not_cancel_it() -> None:
+    FINISHED.clear()
+
+    async def body(port: int) -> None:
+        r, w = await connect(port)
+        w.write(post("/slow", b"bind") + b"NOT HTTP\r\n\r\n")
+        status, headers, _ = await read_response(r)
+        assert status == 400 and headers["connection"] == "close"
+        await asyncio.sleep(0.1)
+        assert FINISHED == ["bind"]
+        w.close()
+
+    serve(body)
+
+
+def test_close_waits_for_running_handlers() -> None:
+    FINISHED.clear()
+
+    async def go() -> None:
+        server = HttpServer(ROUTES)
+        port = await server.start("127.0.0.1", 0)
+        _r, w = await connect(port)
+        w.write(post("/slow", b"last"))
+        await asyncio.sleep(0.01)
+        await server.close()
+        assert FINISHED == ["last"]
+        w.close()
+
+    asyncio.run(go())
 
 
 def test_tls(tmp_path: Path) -> None:

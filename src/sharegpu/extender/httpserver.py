@@ -14,7 +14,9 @@ extender needs and no more:
 
 A handler is a plain function, answered in the callback that completed the request (no task),
 or a coroutine function, run as a task while later requests on that connection wait. A handler
-that raises gets a 500 with the error named and the connection goes on serving.
+that raises gets a 500 with the error named and the connection goes on serving. A running
+handler is never cancelled because its client left (a bind must finish or undo what it did,
+whoever is listening); :meth:`HttpServer.close` waits for running handlers.
 """
 
 from __future__ import annotations
@@ -115,8 +117,6 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
         self.server.connections.discard(self)
-        if self.task is not None:
-            self.task.cancel()
 
     def data_received(self, data: bytes) -> None:
         if self.closing:
@@ -189,6 +189,8 @@ class _Connection(asyncio.Protocol):
                 self._write(out, keep)
                 continue
             self.task = asyncio.get_running_loop().create_task(self._await(out, req, keep))
+            self.server.running.add(self.task)
+            self.task.add_done_callback(self.server.running.discard)
         if self.paused and len(self.queue) <= MAX_QUEUED // 2 and self.transport is not None:
             self.transport.resume_reading()
             self.paused = False
@@ -215,10 +217,7 @@ class _Connection(asyncio.Protocol):
 
     def _fail(self, status: int, message: str) -> None:
         """Answer a request that cannot be read, and close (the stream's framing is lost)."""
-        self.queue.clear()
-        if self.task is not None:
-            self.task.cancel()
-            self.task = None
+        self.queue.clear()  # a running handler finishes; its answer has nowhere to go
         self._write(json_response({"Error": message}, status), keep=False)
 
 
@@ -232,6 +231,7 @@ class HttpServer:
         self.max_body = max_body
         self.max_header = max_header
         self.connections: set[_Connection] = set()
+        self.running: set[asyncio.Task[None]] = set()  # coroutine handlers not finished yet
         self._server: asyncio.Server | None = None
 
     def route(self, req: Request) -> Handler:
@@ -256,10 +256,16 @@ class HttpServer:
                                                 ssl=ssl_context)
         return int(self._server.sockets[0].getsockname()[1])
 
-    async def close(self) -> None:
+    async def close(self, grace: float = 10.0) -> None:
+        """Stop listening, let running handlers finish (cancelled after ``grace`` seconds),
+        close every connection."""
         if self._server is None:
             return
         self._server.close()
+        if self.running:
+            _, late = await asyncio.wait(set(self.running), timeout=grace)
+            for t in late:
+                t.cancel()
         for c in list(self.connections):
             if c.transport is not None:
                 c.transport.close()
