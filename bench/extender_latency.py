@@ -11,11 +11,14 @@ binding cycles). Pods carry a resourceVersion as kube-scheduler's cache has them
 uses the filter's copy (no read back). Latencies are measured at the driver, HTTP and JSON
 included; the extender's own handler time per verb is read from its /metrics.
 
-Two candidate lists are compared side by side in one run:
-- ``all``: every node name in every request (percentageOfNodesToScore: 100, the worst case);
+Side by side in one run:
 - ``scheduler``: what kube-scheduler sends by default at this size: the nodes its own filters
   pass (the node advertises the pod's resource, i.e. the right mode), at most 10 % of the
-  cluster (its adaptive percentageOfNodesToScore at 5,000 nodes), with nodeCacheCapable.
+  cluster (its adaptive percentageOfNodesToScore at 5,000 nodes), with nodeCacheCapable;
+- ``scheduler, graded scores``: the same, the extender started with ``--graded-scores``
+  (prioritize scores every feasible node, not only the policy's pick);
+- ``all``: every node name in every request (percentageOfNodesToScore: 100, the worst case);
+- the ``scheduler`` lists through the view and the binder in process, without HTTP.
 
 Then: a ClusterView rebuilt from ``--rebuild-pods`` annotated pods (the start of a replica).
 """
@@ -90,7 +93,7 @@ def pods(n: int, seed: int = 2) -> list[tuple[str, dict[str, Any]]]:
 
 
 # -- server process -----------------------------------------------------------------------------
-def serve(n_nodes: int, n_pods: int, q: Any) -> None:
+def serve(n_nodes: int, n_pods: int, q: Any, graded: bool = False) -> None:
     from sharegpu.extender.bind import Binder
     from sharegpu.extender.memapi import MemoryApi
     from sharegpu.extender.metrics import Metrics
@@ -98,7 +101,7 @@ def serve(n_nodes: int, n_pods: int, q: Any) -> None:
     from sharegpu.extender.view import ClusterView
 
     async def main() -> None:
-        view = ClusterView("default")
+        view = ClusterView("default", graded=graded)
         view.reset(cluster(n_nodes), [])
         api = MemoryApi(p for _, p in pods(n_pods))
         metrics = Metrics(lambda: view)
@@ -351,15 +354,18 @@ def direct(n_nodes: int, work: list[tuple[str, dict[str, Any]]], warmup: int) ->
 
 
 def run_scenario(n_nodes: int, n_pods: int, mode: str, inflight: int,
-                 warmup: int) -> dict[str, Any]:
+                 warmup: int, graded: bool = False) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    proc = ctx.Process(target=serve, args=(n_nodes, n_pods + warmup, q), daemon=True)
+    proc = ctx.Process(target=serve, args=(n_nodes, n_pods + warmup, q, graded), daemon=True)
     proc.start()
     try:
         port = q.get(timeout=600)
-        return asyncio.run(drive(port, n_nodes, pods(n_pods + warmup), mode, inflight, warmup,
-                                 proc.pid))
+        out = asyncio.run(drive(port, n_nodes, pods(n_pods + warmup), mode, inflight, warmup,
+                                proc.pid))
+        if graded:
+            out["candidates"] += ", graded scores"
+        return out
     finally:
         proc.terminate()
         proc.join()
@@ -429,6 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--inflight", type=int, default=16, help="binds in flight at once")
     p.add_argument("--rebuild-pods", type=int, default=100_000)
     p.add_argument("--candidates", choices=["all", "scheduler", "both"], default="both")
+    p.add_argument("--no-graded", action="store_true",
+                   help="skip the scenario with --graded-scores (scheduler lists)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     if a.nodes < 1 or a.pods < 1 or a.warmup < 0:
@@ -438,6 +446,9 @@ def main(argv: list[str] | None = None) -> int:
                               "policy": f"default ({resolve('default')})", "scenarios": []}
     for m in modes:
         result["scenarios"].append(run_scenario(a.nodes, a.pods, m, a.inflight, a.warmup))
+        if m == "scheduler" and not a.no_graded:  # the same with every node scored
+            result["scenarios"].append(run_scenario(a.nodes, a.pods, m, a.inflight, a.warmup,
+                                                    graded=True))
     result["scenarios"].append(direct(a.nodes, pods(a.pods + a.warmup), a.warmup))
     if a.rebuild_pods:
         result["rebuild"] = rebuild_time(a.nodes, a.rebuild_pods)
@@ -446,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for s in result["scenarios"]:
             lat = s["latency_ms"]
-            print(f"{s['candidates']:>9}: {s['pods_per_s']} pods/s; "
+            print(f"{s['candidates']}: {s['pods_per_s']} pods/s; "
                   + "; ".join(f"{v} p50 {x['p50']} ms p99 {x['p99']} ms" for v, x in lat.items()))
         if "rebuild" in result:
             r = result["rebuild"]

@@ -262,7 +262,10 @@ def test_extender_two_replicas_leader_election_and_policy():
     a = args_of(dep)
     assert a[0] == "extender" and f"--lease-namespace={NS}" in a
     assert "--lease-name=sharegpu-extender" in a and "--policy=default" in a
-    assert "--no-leader-election" not in a
+    assert "--no-leader-election" not in a and "--graded-scores" not in a
+    graded = args_of(one(render(None, KUBE, "extender.gradedScores=true"), "Deployment",
+                         "extender"))
+    assert "--graded-scores" in graded
     assert one(docs, "PodDisruptionBudget", "extender")["spec"]["minAvailable"] == 1
     assert "--policy=binpack" in args_of(one(render("cgpu-binpack.yaml"), "Deployment",
                                              "extender"))
@@ -508,7 +511,7 @@ def test_service_monitors_scrape_named_ports_and_dashboard_configmap():
 AGREED = {
     "extender": ["--listen", "--policy", "--tls-cert", "--tls-key", "--kubeconfig",
                  "--lease-namespace", "--lease-name", "--id", "--check-every", "--log-level",
-                 "--no-leader-election"],
+                 "--no-leader-election", "--graded-scores"],
     "agent": ["--node-name", "--device-plugin-dir", "--state-dir", "--isolation", "--nvml",
               "--fake-gpus", "--kubeconfig", "--metrics-listen", "--hami-library",
               "--mps-pipe-dir", "--log-level"],

@@ -297,7 +297,7 @@ def test_prioritize_sent_byte_for_byte_after_filter_uses_the_scores_made_ahead()
         return json.dumps(data, separators=(",", ":")).encode()
 
     async def go() -> None:
-        view = ClusterView()
+        view = ClusterView(graded=True)  # every node scored, so a change shows in the answer
         view.reset(nodes, [])
         api = MemoryApi([pod, kobjects.pod("other", mem=12)])
         app = ExtenderApp(view, Binder(api, lambda: view), Metrics(lambda: view))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 
 from sharegpu import kobjects
 from sharegpu.annotations import encode
@@ -79,15 +80,21 @@ def test_pods_without_gpu_pass_everywhere() -> None:
     assert set(v.prioritize(req, ALL).values()) == {0}
 
 
-def test_prioritize_gives_ten_to_the_core_pick_only() -> None:
+@pytest.mark.parametrize("graded", [False, True])
+def test_prioritize_gives_ten_to_the_core_pick_only(graded: bool) -> None:
     v = view()
+    v.graded = graded
     req = parse_pod(kobjects.pod("p", mem=4))
     scores = v.prioritize(req, ALL)
     tens = [n for n, s in scores.items() if s == 10]
     assert len(tens) == 1
     d = v.scheduler.decide(req)
     assert d is not None and tens == [d.node_name]
-    assert all(0 <= s <= 9 for n, s in scores.items() if n != tens[0])
+    others = [s for n, s in scores.items() if n != tens[0]]
+    if graded:  # the other feasible nodes in the policy's order
+        assert all(0 <= s <= 9 for s in others) and any(others)
+    else:
+        assert set(others) == {0}
     assert scores["whole"] == scores["topo"] == scores["cpu-only"] == 0
 
 

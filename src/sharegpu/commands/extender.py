@@ -55,6 +55,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="replica identity (default: hostname)")
     p.add_argument("--no-leader-election", action="store_true",
                    help="bind without a Lease (a single replica only)")
+    p.add_argument("--graded-scores", action="store_true",
+                   help="prioritize also scores the other feasible nodes 0..9 in the policy's "
+                   "order (for an extender weight low enough to blend with kube-scheduler's "
+                   "own scores); by default only the policy's pick scores, 10")
     p.add_argument("--check-every", type=float, default=300.0,
                    help="seconds between consistency checks against the pod annotations")
     p.add_argument("--log-level", default="INFO")
@@ -71,7 +75,8 @@ async def _serve(args: argparse.Namespace) -> int:
     api = KubeApi.from_url(args.api_url) if args.api_url else KubeApi.from_config(args.kubeconfig)
     replica = Replica(api, identity=args.id, policy=args.policy,
                       lease_namespace=args.lease_namespace, lease_name=args.lease_name,
-                      elect=not args.no_leader_election, check_every=args.check_every)
+                      elect=not args.no_leader_election, check_every=args.check_every,
+                      graded_scores=args.graded_scores)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

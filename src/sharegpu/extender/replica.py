@@ -30,10 +30,11 @@ class Replica:
     def __init__(self, api: KubeApi, *, identity: str, policy: str = "default",
                  lease_namespace: str = "kube-system", lease_name: str = "sharegpu-extender",
                  elect: bool = True, lease_duration: float = 10.0, renew_deadline: float = 7.0,
-                 retry_period: float = 2.0, check_every: float = 300.0) -> None:
+                 retry_period: float = 2.0, check_every: float = 300.0,
+                 graded_scores: bool = False) -> None:
         self.api = api
         self.identity = identity
-        self.view = ClusterView(policy)
+        self.view = ClusterView(policy, graded=graded_scores)
         self.metrics = Metrics(lambda: self.view)
         self.informer = Informer(api, self.view, self.metrics, check_every=check_every)
         self.elector: LeaderElector | None = None

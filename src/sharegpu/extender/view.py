@@ -140,8 +140,10 @@ class PlacementReader:
 
 
 class ClusterView:
-    def __init__(self, policy: str = "default", *, workload_refresh: int = 50) -> None:
+    def __init__(self, policy: str = "default", *, workload_refresh: int = 50,
+                 graded: bool = False) -> None:
         self.policy_name = policy
+        self.graded = graded  # prioritize scores every feasible node, not only the pick
         self.policy = get_policy(policy)
         self.workload_refresh = workload_refresh
         self.state = ClusterState()
@@ -494,8 +496,9 @@ class ClusterView:
         return ok
 
     def prioritize(self, req: PodRequest, names: list[str]) -> dict[str, int]:
-        """Scores 0..10: the node the core policy would pick gets 10, the other feasible nodes
-        0..9 in the order of the policy's scores, infeasible nodes 0.
+        """Scores 0..10: the node the core policy would pick gets 10; with ``graded`` the other
+        feasible nodes get 0..9 in the order of the policy's scores, else 0 (with the extender's
+        weight above kube-scheduler's own scores, only the 10 ever decides); infeasible nodes 0.
 
         The last answer is kept with what it read (the pod, the names, the policy's epoch and
         the version of every node it scored, or of the whole cluster for policies that read
@@ -549,6 +552,10 @@ class ClusterView:
         if self.policy.integer_scores:
             scores = np.floor(scores)
         best = self.scheduler.pick(nodes, scores)
+        if not self.graded:
+            out = dict.fromkeys(names, 0)
+            out[names[int(np.flatnonzero(slots == best)[0])]] = 10
+            return out
         lo, hi = float(scores.min()), float(scores.max())
         if hi > lo:
             scaled = np.floor(9.0 * (scores - lo) / (hi - lo)).astype(np.int64)
