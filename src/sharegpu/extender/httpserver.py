@@ -99,6 +99,7 @@ class _Connection(asyncio.Protocol):
         self.task: asyncio.Task[None] | None = None
         self.closing = False
         self.paused = False
+        self.broken: Response | None = None  # the error to answer once the running one is done
         self._reset()
 
     def _reset(self) -> None:
@@ -119,7 +120,7 @@ class _Connection(asyncio.Protocol):
         self.server.connections.discard(self)
 
     def data_received(self, data: bytes) -> None:
-        if self.closing:
+        if self.closing or self.broken is not None:
             return
         try:
             self.parser.feed_data(data)
@@ -204,6 +205,9 @@ class _Connection(asyncio.Protocol):
             resp = self.server.crashed(req, e)
         self.task = None
         self._write(resp, keep)
+        if self.broken is not None:
+            self._write(self.broken, keep=False)
+            return
         self._serve()
 
     def _write(self, resp: Response, keep: bool) -> None:
@@ -216,9 +220,15 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
     def _fail(self, status: int, message: str) -> None:
-        """Answer a request that cannot be read, and close (the stream's framing is lost)."""
-        self.queue.clear()  # a running handler finishes; its answer has nowhere to go
-        self._write(json_response({"Error": message}, status), keep=False)
+        """Answer a request that cannot be read, after the one running if any (answers keep
+        the requests' order), and close: the stream's framing is lost, so nothing after it is
+        read. Requests read before it and not yet answered are dropped unanswered."""
+        self.queue.clear()
+        error = json_response({"Error": message}, status)
+        if self.task is None:
+            self._write(error, keep=False)
+        else:
+            self.broken = error
 
 
 class HttpServer:
