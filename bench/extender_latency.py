@@ -33,6 +33,7 @@ import os
 import random
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -144,26 +145,33 @@ class Http:
         await self.writer.wait_closed()
 
 
+def candidate_lists(nodes: list[dict[str, Any]], work: list[tuple[str, dict[str, Any]]],
+                    mode: str) -> Iterator[list[str]]:
+    """The node names kube-scheduler sends with each pod: all of them (``all``), or a sample of
+    the nodes its own filters pass (the node advertises the pod's resource), at most 10 % of
+    the cluster (``scheduler``). Drawn as they are asked for, from one seeded generator."""
+    all_names = [n["metadata"]["name"] for n in nodes]
+    by_kind = {k: [n["metadata"]["name"] for n in nodes
+                   if Mode(n["metadata"]["labels"][names.LABEL_SCHEDULE]) in m]
+               for k, m in KIND_MODES.items()}
+    sample = max(100, len(nodes) // 10)
+    rng = random.Random(3)
+    for kind, _pod in work:
+        if mode == "all":
+            yield all_names
+        else:
+            pool = by_kind[kind]
+            yield rng.sample(pool, min(sample, len(pool)))
+
+
 def plan(n_nodes: int, work: list[tuple[str, dict[str, Any]]], mode: str
          ) -> list[tuple[dict[str, Any], bytes, bytes]]:
     """For each pod: the pod, its JSON, and the filter request body. What kube-scheduler sends
     does not depend on the extender's answers up to here (its own filters pass the nodes that
     advertise the pod's resource), so it is prepared before the clock starts."""
-    nodes = cluster(n_nodes)
-    all_names = [n["metadata"]["name"] for n in nodes]
-    by_kind: dict[str, list[str]] = {}
-    for kind, modes in KIND_MODES.items():
-        by_kind[kind] = [n["metadata"]["name"] for n in nodes
-                         if Mode(n["metadata"]["labels"][names.LABEL_SCHEDULE]) in modes]
-    sample = max(100, n_nodes // 10)
-    rng = random.Random(3)
     out = []
-    for kind, pod in work:
-        if mode == "all":
-            cand = all_names
-        else:
-            pool = by_kind[kind]
-            cand = rng.sample(pool, min(sample, len(pool)))
+    for (_kind, pod), cand in zip(work, candidate_lists(cluster(n_nodes), work, mode),
+                                  strict=True):
         pod_json = json.dumps(pod, separators=(",", ":")).encode()
         body = b'{"Pod":' + pod_json + b',"Nodes":null,"NodeNames":' + json.dumps(
             cand, separators=(",", ":")).encode() + b"}"
@@ -306,22 +314,17 @@ def direct(n_nodes: int, work: list[tuple[str, dict[str, Any]]], warmup: int) ->
     view.reset(nodes, [])
     api = MemoryApi(p for _, p in work)
     binder = Binder(api, lambda: view)
-    by_kind = {k: [n["metadata"]["name"] for n in nodes
-                   if Mode(n["metadata"]["labels"][names.LABEL_SCHEDULE]) in m]
-               for k, m in KIND_MODES.items()}
-    sample = max(100, n_nodes // 10)
-    rng = random.Random(3)
+    lists = candidate_lists(nodes, work, "scheduler")
     lat: dict[str, list[float]] = {"filter": [], "prioritize": [], "bind": []}
 
     async def go() -> float:
         t_start = time.perf_counter()
-        for n, (kind, pod) in enumerate(work):
+        for n, (_kind, pod) in enumerate(work):
             if n == warmup:
                 for xs in lat.values():
                     xs.clear()
                 t_start = time.perf_counter()
-            pool = by_kind[kind]
-            cand = rng.sample(pool, min(sample, len(pool)))
+            cand = next(lists)
             t0 = time.perf_counter()
             req = parse_pod(pod)
             passed, _, _ = view.filter(req, cand)

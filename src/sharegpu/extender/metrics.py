@@ -56,8 +56,8 @@ def gpu_exposition(st: ClusterState) -> bytes:
         out.append(f"# HELP {name} {text}\n# TYPE {name} gauge\n")
         out.extend([f"{name}{lab}{float(v)!r}\n"
                     for lab, v in zip(gpu_labels, value(*cols).tolist(), strict=True)])
-    total = np.where(have, st.gpu_total[rows], 0).sum(axis=1)
-    alloc = total - np.where(have, st.gpu_free[rows], 0).sum(axis=1)
+    total = st.total_sum[rows]
+    alloc = total - st.free_sum[rows]
     for name, text, values in (
         ("sharegpu_node_gpu_memory_allocated", "GPU memory allocated on the node (GiB)", alloc),
         ("sharegpu_node_gpu_memory_total", "GPU memory of the node (GiB)", total),

@@ -30,9 +30,6 @@ from .view import ClusterView
 log = logging.getLogger(__name__)
 
 
-_json = json_response
-
-
 class ExtenderApp:
     """Everything one replica serves. ``is_ready`` says whether this replica should get traffic
     (state rebuilt and, when leader election runs, holding the lease)."""
@@ -101,7 +98,7 @@ class ExtenderApp:
     def _bad(self, verb: str, e: ValidationError, result: Any) -> Response:
         self.metrics.failed(verb, "bad-payload")
         self.metrics.decided(verb, "error")
-        return _json(result, status=400)
+        return json_response(result, status=400)
 
     # -- verbs ---------------
     def filter(self, request: Request) -> Response:
@@ -111,22 +108,25 @@ class ExtenderApp:
             return self._bad("filter", e, wire.error_filter_result(str(e)))
         if not self.is_synced():
             self.metrics.failed("filter", "not-synced")
-            return _json(wire.error_filter_result("sharegpu extender: cluster state not ready"))
+            return json_response(
+                wire.error_filter_result("sharegpu extender: cluster state not ready"))
         try:
             req = self.view.reader.request(args.pod)
         except ValidationError as e:
             msg = f"invalid GPU request: {e}"
             self._event(args.pod, REASON_INVALID, msg)
             self.metrics.decided("filter", "invalid")
-            return _json(wire.filter_result(args, [], {}, dict.fromkeys(args.names, msg)))
+            return json_response(wire.filter_result(args, [], {}, dict.fromkeys(args.names, msg)))
         passed, failed, unres = self.view.filter(req, args.names)
+        passed_json = wire.names_json(passed) if args.nodes is None else None
         if passed and req.wants_gpu:
             if self.binder is not None:
                 self.binder.hint(args.pod, req)
             # kube-scheduler runs its own score plugins before it asks prioritize: score the
             # passing nodes meanwhile, once this answer is on its way
-            asyncio.get_running_loop().call_soon(
-                self._score_ahead, req, passed, request.body if args.nodes is None else b"")
+            expected = (wire.prioritize_body(request.body, passed_json)
+                        if passed_json is not None else None)
+            asyncio.get_running_loop().call_soon(self._score_ahead, req, passed, expected)
         if req.wants_gpu and not passed:
             from .events import summarize
 
@@ -135,7 +135,7 @@ class ExtenderApp:
             self.metrics.decided("filter", "no-fit")
         else:
             self.metrics.decided("filter", "ok")
-        return Response(200, wire.filter_result_json(args, passed, failed, unres))
+        return Response(200, wire.filter_result_json(args, passed, failed, unres, passed_json))
 
     def prioritize(self, request: Request) -> Response:
         ahead = self._ahead
@@ -147,12 +147,12 @@ class ExtenderApp:
             args = wire.parse_args(self._body(request))
         except ValidationError as e:
             self.metrics.failed("prioritize", "bad-payload")
-            return _json({"Error": str(e)}, status=400)
+            return json_response({"Error": str(e)}, status=400)
         try:
             req = self.view.reader.request(args.pod)
         except ValidationError:
             self.metrics.decided("prioritize", "invalid")
-            return _json(wire.priority_list(dict.fromkeys(args.names, 0)))
+            return json_response(wire.priority_list(dict.fromkeys(args.names, 0)))
         scores = self.view.prioritize(req, args.names)
         self.metrics.decided("prioritize", "ok")
         return Response(200, self._encode(scores))
@@ -164,7 +164,9 @@ class ExtenderApp:
         self._encoded = (scores, body)
         return body
 
-    def _score_ahead(self, req: PodRequest, names: list[str], filter_body: bytes) -> None:
+    def _score_ahead(self, req: PodRequest, names: list[str], expected: bytes | None) -> None:
+        """Score ``names`` for the pod; ``expected`` is the prioritize request kube-scheduler
+        will send for them (:func:`wire.prioritize_body`), when it could be worked out."""
         self._ahead = None
         try:
             scores = self.view.prioritize(req, names)
@@ -172,8 +174,6 @@ class ExtenderApp:
         except Exception as e:  # the prioritize request will compute (and report) it again
             log.debug("scoring ahead failed: %s", e)
             return
-        passed = wire.names_json(names) if filter_body else None
-        expected = wire.prioritize_body(filter_body, passed) if passed is not None else None
         if expected is not None:
             self._ahead = (expected, scores)
 
@@ -183,7 +183,7 @@ class ExtenderApp:
         except ValidationError as e:
             return self._bad("bind", e, wire.binding_result(str(e)))
         if self.binder is None:
-            return _json(wire.binding_result("this sharegpu extender does not bind"))
+            return json_response(wire.binding_result("this sharegpu extender does not bind"))
         try:
             out = await self.binder.bind(args)
         except BindError as e:
@@ -193,9 +193,9 @@ class ExtenderApp:
                 pod = {"metadata": {"name": args.pod_name, "namespace": args.pod_namespace,
                                     "uid": args.pod_uid}}
                 self._event(pod, REASON_BIND_FAILED, str(e))
-            return _json(wire.binding_result(str(e)))
+            return json_response(wire.binding_result(str(e)))
         self.metrics.decided("bind", "already" if out.already else "ok")
-        return _json(wire.binding_result())
+        return json_response(wire.binding_result())
 
     def _event(self, pod: Any, reason: str, message: str) -> None:
         if self.events is not None:

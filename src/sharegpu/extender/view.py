@@ -163,8 +163,10 @@ class ClusterView:
         self._feasible: OrderedDict[tuple[Any, ...], tuple[ClusterState, np.ndarray, np.ndarray]]
         self._feasible = OrderedDict()
         self._epoch = 0  # grows whenever the policy is prepared afresh
+        # the last prioritize: (pod asked about, names, their slots, what it read, answer)
         self._last_scores: tuple[
-            tuple[Any, ...], list[str], np.ndarray, np.ndarray, dict[str, int]
+            tuple[Any, ...], list[str], np.ndarray, tuple[tuple[Any, ...], np.ndarray],
+            dict[str, int],
         ] | None = None
         self._nodes_version = 0  # grows whenever a node is added, changed or removed
         self._passed: tuple[list[str], np.ndarray, int] = ([], np.zeros(0, dtype=np.int64), -1)
@@ -508,21 +510,17 @@ class ClusterView:
         if not req.wants_gpu or not names:
             return dict.fromkeys(names, 0)
         self.maybe_refresh_workload()
-        st = self.state
-        stamp = (req.key, req.uid, request_key(req), id(st), st.n, self._nodes_version,
-                 self._epoch)
+        asked = (req.key, req.uid, request_key(req))
         last = self._last_scores
-        if last is not None and last[0] == stamp and last[1] == names:
-            slots = last[2]
-            if np.array_equal(self._versions_read(slots), last[3]):
-                return last[4]
+        if last is not None and last[0] == asked and last[1] == names and self._unchanged(last):
+            return last[4]
         p_names, p_slots, p_version = self._passed
         if names is p_names and p_version == self._nodes_version:
             slots = p_slots
         else:
             slots = self.slots(names)
         out = self._prioritize(req, names, slots)
-        self._last_scores = (stamp, list(names), slots, self._versions_read(slots), out)
+        self._last_scores = (asked, list(names), slots, self._read_now(slots), out)
         return out
 
     def still_current(self, scores: dict[str, int]) -> bool:
@@ -532,10 +530,17 @@ class ClusterView:
         if last is None or last[4] is not scores:
             return False
         self.maybe_refresh_workload()
+        return self._unchanged(last)
+
+    def _read_now(self, slots: np.ndarray) -> tuple[tuple[Any, ...], np.ndarray]:
+        """What a prioritize over node ``slots`` reads, as it is now: the state, its node set
+        and the policy's epoch, and the versions of the nodes it scores."""
         st = self.state
-        if last[0][3:] != (id(st), st.n, self._nodes_version, self._epoch):
-            return False
-        return bool(np.array_equal(self._versions_read(last[2]), last[3]))
+        return (id(st), st.n, self._nodes_version, self._epoch), self._versions_read(slots)
+
+    def _unchanged(self, last: tuple[Any, ...]) -> bool:
+        (stamp, versions), now = last[3], self._read_now(last[2])
+        return stamp == now[0] and bool(np.array_equal(versions, now[1]))
 
     def _versions_read(self, slots: np.ndarray) -> np.ndarray:
         st = self.state

@@ -134,10 +134,14 @@ def filter_result_json(
     passed: Sequence[str],
     failed: Mapping[str, str],
     unresolvable: Mapping[str, str],
+    passed_json: bytes | None = None,
 ) -> bytes:
     """``json.dumps(filter_result(...))``, with the passing names (hundreds of them) written
-    directly when they need no escaping (node names are DNS names)."""
-    names = names_json(passed) if args.nodes is None else None
+    directly when they need no escaping (node names are DNS names); ``passed_json``, when
+    given, is :func:`names_json` of ``passed``, already made."""
+    if args.nodes is not None:
+        return _dumps(filter_result(args, passed, failed, unresolvable))
+    names = passed_json if passed_json is not None else names_json(passed)
     if names is None:
         return _dumps(filter_result(args, passed, failed, unresolvable))
     rest = _dumps({"FailedNodes": dict(failed),

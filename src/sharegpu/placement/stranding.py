@@ -29,7 +29,6 @@ from __future__ import annotations
 import numpy as np
 
 from .fragmentation import TargetWorkload
-from .rowmemo import RowMemo, row_keys
 
 MEASURES = ("resources", "claim")
 
@@ -62,7 +61,6 @@ class StrandingModel:
         }
         self._models = -1
         self.access = np.zeros((0, 0), dtype=bool)
-        self.memo = RowMemo()
         self.refresh(model_ids)
 
     @property
@@ -73,7 +71,6 @@ class StrandingModel:
         if len(model_ids) != self._models:
             self.access = self.workload.access(model_ids)[self._keep]
             self._models = len(model_ids)
-            self.memo.clear()
 
     def scarcity(
         self, gpus: np.ndarray, cpu: np.ndarray, mem: np.ndarray, model: np.ndarray,
@@ -93,23 +90,13 @@ class StrandingModel:
 
     def weigh(self, weights: np.ndarray) -> None:
         self.p = self.p * weights
-        self.memo.clear()
 
     def rows(
         self, free: np.ndarray, cpu: np.ndarray, mem: np.ndarray, model: np.ndarray
     ) -> np.ndarray:
         """The measure for each row: ``free`` [R, W] free GPU per slot (0 for missing slots),
-        free ``cpu`` and ``mem`` [R], ``model`` [R] model ids."""
-        if len(free) == 0 or self.size == 0:
-            return np.zeros(len(free))
-        w = free.shape[1]
-        return self.memo(row_keys(free, cpu, mem, model), lambda k: self.values(
-            np.ascontiguousarray(k[:, :w]), k[:, w], k[:, w + 1], k[:, w + 2]))
-
-    def values(
-        self, free: np.ndarray, cpu: np.ndarray, mem: np.ndarray, model: np.ndarray
-    ) -> np.ndarray:
-        """The measure of rows, computed (no memo)."""
+        free ``cpu`` and ``mem`` [R], ``model`` [R] model ids. Each row is computed on its own
+        (strand keeps the values of the rows it has seen)."""
         if len(free) == 0 or self.size == 0:
             return np.zeros(len(free))
         fit = free[:, :, None] >= self.gpu[None, None, :]  # [R, W, T]

@@ -90,8 +90,8 @@ class Strand(MovePolicy):
         free = np.ascontiguousarray(keys[:, :w])
         cpu, mem, model = keys[:, w], keys[:, w + 1], keys[:, w + 2]
         return np.stack([self.frag.values(free, cpu, model),
-                         self.model.values(free, cpu, mem, model),
-                         self.claim.values(free, cpu, mem, model)], axis=1)
+                         self.model.rows(free, cpu, mem, model),
+                         self.claim.rows(free, cpu, mem, model)], axis=1)
 
     def gains(
         self, state: ClusterState, req: PodRequest, nodes: np.ndarray, ri: np.ndarray,
