@@ -163,7 +163,9 @@ ALLOWED = {
     | _perm("coordination.k8s.io", ["leases"], ["create"])
     | _perm("coordination.k8s.io", ["leases"], ["get", "update"], ["sharegpu-extender"]),
     "agent": _perm("", ["nodes"], ["get", "watch", "patch"])
-    | _perm("", ["pods"], ["list", "patch"]),
+    | _perm("", ["nodes/status"], ["patch"])
+    | _perm("", ["pods"], ["list", "patch"])
+    | _perm("", ["events"], ["create"]),
     "webhook": set(),
     "scheduler": _perm("coordination.k8s.io", ["leases"], ["create"])
     | _perm("coordination.k8s.io", ["leases"], ["get", "update"], ["ack-co-scheduler"]),
@@ -247,8 +249,8 @@ def test_the_rbac_check_catches_extra_rights():
 
 
 def container(d):
-    (c,) = d["spec"]["template"]["spec"]["containers"]
-    return c
+    """The component's own container (the first; the agent's DaemonSet has mps-control too)."""
+    return d["spec"]["template"]["spec"]["containers"][0]
 
 
 def args_of(d):
@@ -514,7 +516,8 @@ AGREED = {
                  "--no-leader-election", "--graded-scores"],
     "agent": ["--node-name", "--device-plugin-dir", "--state-dir", "--isolation", "--nvml",
               "--fake-gpus", "--kubeconfig", "--metrics-listen", "--hami-library",
-              "--mps-pipe-dir", "--log-level"],
+              "--hami-installed", "--compute-policy", "--isolation-check-every",
+              "--mps-pipe-dir", "--mps-shm-dir", "--log-level"],
     "webhook": ["--listen", "--tls-cert", "--tls-key", "--insecure", "--log-level"],
 }
 
@@ -606,3 +609,121 @@ def test_default_render_is_valid_across_supported_kubernetes_versions(kube):
     assert ("matchConditions" in hook) == (kube != "1.25.0")
     r = run_helm("template", "x", str(CHART), "--kube-version", "1.24.9")
     assert r.returncode != 0 and "kubeVersion" in r.stderr + r.stdout
+
+
+# --- isolation: HAMi-core from HAMi's image, the MPS daemon, the compute policy ---------------
+
+def init_container(ds, name):
+    (c,) = [c for c in ds["spec"]["template"]["spec"].get("initContainers", [])
+            if c["name"] == name]
+    return c
+
+
+def sidecar(ds, name):
+    found = [c for c in ds["spec"]["template"]["spec"]["containers"] if c["name"] == name]
+    return found[0] if found else None
+
+
+def test_hami_core_comes_from_hamis_pinned_image():
+    ds = one(render(None), "DaemonSet", "agent")
+    init = init_container(ds, "hami-install")
+    assert init["image"] == "projecthami/hami:v2.10.0"
+    env = {e["name"]: e["value"] for e in init["env"]}
+    assert env["HAMI_VERSION"] == "v2.10.0" and env["HAMI_LIB_DIR"] == "/k8s-vgpu/lib/nvidia"
+    assert env["DEST"] == "/usr/local/vgpu/sharegpu" and env["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert {m["mountPath"] for m in init["volumeMounts"]} == {"/usr/local/vgpu/sharegpu"}
+    args = args_of(ds)
+    assert "--hami-installed=/usr/local/vgpu/sharegpu/installed" in args
+    assert not any(a.startswith("--hami-library") for a in args)
+    agent_mounts = {m["mountPath"]: m for m in container(ds)["volumeMounts"]}
+    assert agent_mounts["/usr/local/vgpu/sharegpu"]["readOnly"] is True
+    caps = {e["name"]: e.get("value") for e in container(ds)["env"]}
+    assert caps["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"  # libcuda for the load check
+    digest = "sha256:" + "ab" * 32
+    pinned = one(render(None, KUBE, f"agent.hami.image.digest={digest}"), "DaemonSet", "agent")
+    assert init_container(pinned, "hami-install")["image"] == f"projecthami/hami@{digest}"
+    own = one(render(None, KUBE, "agent.hami.install=false",
+                     "agent.hamiLibrary=/opt/hami/libvgpu.so.v2.10.0"), "DaemonSet", "agent")
+    assert "initContainers" not in own["spec"]["template"]["spec"]
+    assert "--hami-library=/opt/hami/libvgpu.so.v2.10.0" in args_of(own)
+    share = one(render("share.yaml"), "DaemonSet", "agent")  # isolation none: nothing to install
+    assert "initContainers" not in share["spec"]["template"]["spec"]
+
+
+def run_install(script: str, image_lib: Path, dest: Path, version: str = "v2.10.0"):
+    return subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30,
+                          env={"PATH": "/usr/bin:/bin", "HAMI_VERSION": version,
+                               "HAMI_LIB_DIR": str(image_lib), "DEST": str(dest)})
+
+
+def test_hami_install_script_versions_and_never_rewrites(tmp_path):
+    """The init container's script, as rendered, run against the layout of HAMi's image."""
+    from sharegpu.agent.readiness import check_hami
+
+    script = init_container(one(render(None), "DaemonSet", "agent"), "hami-install")["args"][0]
+    image = tmp_path / "k8s-vgpu" / "lib" / "nvidia"
+    image.mkdir(parents=True)
+    dest = tmp_path / "host" / "usr" / "local" / "vgpu" / "sharegpu"
+    # no library in the image: a clear failure, nothing recorded
+    r = run_install(script, image, dest)
+    assert r.returncode == 1 and "neither libvgpu.so.v2.10.0 nor libvgpu.so" in r.stderr
+    assert not (dest / "installed").exists()
+    # the release's file: copied into a versioned directory, recorded in `installed`
+    cc = shutil.which("gcc") or shutil.which("cc")
+    assert cc
+    (tmp_path / "v.c").write_text("int sharegpu_release(void) { return 210; }\n")
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(image / "libvgpu.so.v2.10.0"),
+                    str(tmp_path / "v.c")], check=True)
+    r = run_install(script, image, dest)
+    assert r.returncode == 0, r.stderr
+    first = Path((dest / "installed").read_text().strip())
+    assert first.parent.parent == dest and first.parent.name.startswith("hami-v2.10.0-")
+    assert first.name == "libvgpu.so" and check_hami(str(first)).ready
+    inode = first.stat().st_ino
+    # the same release again (a pod restart): nothing rewritten
+    r = run_install(script, image, dest)
+    assert r.returncode == 0 and "already installed" in r.stdout
+    assert first.stat().st_ino == inode
+    # another build under the same tag (a new digest): a new directory, the old file untouched
+    (tmp_path / "v.c").write_text("int sharegpu_release(void) { return 211; }\n")
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(image / "libvgpu.so.v2.10.0"),
+                    str(tmp_path / "v.c")], check=True)
+    assert run_install(script, image, dest).returncode == 0
+    second = Path((dest / "installed").read_text().strip())
+    assert second != first and first.exists() and first.stat().st_ino == inode
+    # releases before v2.8 ship libvgpu.so without the version in its name
+    old = tmp_path / "old"
+    old.mkdir()
+    shutil.copy(image / "libvgpu.so.v2.10.0", old / "libvgpu.so")
+    assert run_install(script, old, dest, "v2.5.0").returncode == 0
+    assert "/hami-v2.5.0-" in (dest / "installed").read_text()
+
+
+def test_mps_daemon_runs_beside_the_agent():
+    from sharegpu.cli import build_parser
+
+    for values in (None, "mps.yaml"):
+        ds = one(render(values), "DaemonSet", "agent")
+        mps = sidecar(ds, "mps-control")
+        assert mps is not None and mps["args"][0] == "mps-daemon"
+        build_parser()[0].parse_args(mps["args"])  # flags the command accepts
+        assert "--pipe-dir=/run/nvidia/mps" in mps["args"]
+        mounts = {m["mountPath"]: m for m in mps["volumeMounts"]}
+        assert {"/run/nvidia/mps", "/dev/shm", "/var/lib/sharegpu"} <= set(mounts)
+        env = {e["name"]: e["value"] for e in mps["env"]}
+        assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+        vols = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+        shm = next(m for m in mps["volumeMounts"] if m["mountPath"] == "/dev/shm")
+        assert vols[shm["name"]]["hostPath"]["path"] == "/run/nvidia/mps-shm"
+    assert sidecar(one(render("share.yaml"), "DaemonSet", "agent"), "mps-control") is None
+    off = one(render(None, KUBE, "agent.mps.enabled=false"), "DaemonSet", "agent")
+    assert sidecar(off, "mps-control") is None
+
+
+def test_compute_policy_value_and_refusal():
+    assert "--compute-policy=5" in args_of(one(render(None), "DaemonSet", "agent"))
+    fixed = one(render(None, KUBE, "computePolicy=3"), "DaemonSet", "agent")
+    assert "--compute-policy=3" in args_of(fixed)
+    for bad in ("0", "1", "2", "4"):
+        r = run_helm("template", "sharegpu", str(CHART), "--set", f"computePolicy={bad}")
+        assert r.returncode != 0 and "computePolicy" in r.stderr

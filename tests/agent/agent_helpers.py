@@ -3,7 +3,10 @@ agent + test kubelet + in-memory API."""
 
 from __future__ import annotations
 
+import functools
+import os
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Mapping
 
@@ -11,6 +14,7 @@ import pytest
 from agent_kubelet import TestKubelet, wait_until
 
 from sharegpu import names
+from sharegpu.agent.isolation import IsolationConfig
 from sharegpu.agent.kube import MemoryKube
 from sharegpu.agent.nvml import FakeNvml
 from sharegpu.agent.service import Agent, AgentConfig
@@ -64,6 +68,21 @@ def make_pod(
     }
 
 
+@functools.cache
+def standin_library() -> str:
+    """A loadable shared object (a few lines of our own C) standing in for HAMi-core, so the
+    agent's fail-closed check passes in tests about something else."""
+    cc = shutil.which("gcc") or shutil.which("cc")
+    assert cc, "a C compiler is needed to build the stand-in library"
+    d = tempfile.mkdtemp(prefix="sg-vgpu-")
+    src = os.path.join(d, "standin.c")
+    with open(src, "w") as f:
+        f.write("int sharegpu_standin_loaded(void) { return 1; }\n")
+    subprocess.run([cc, "-shared", "-fPIC", "-o", os.path.join(d, "libvgpu.so"), src],
+                   check=True)
+    return os.path.join(d, "libvgpu.so")
+
+
 class Harness:
     def __init__(self, directory: str, gpus, mode: str | None = "default", **cfg) -> None:  # type: ignore[no-untyped-def]
         self.dir = directory
@@ -76,10 +95,15 @@ class Harness:
         self.agent: Agent | None = None
 
     def config(self) -> AgentConfig:
+        cfg = dict(self.cfg)
+        cfg.setdefault("isolation_paths", IsolationConfig(
+            hami_library=standin_library(), hami_cache_dir=f"{self.dir}/vgpu-cache",
+            hami_lock_dir=f"{self.dir}/vgpulock", mps_pipe_dir=f"{self.dir}/mps",
+            mps_shm_dir=f"{self.dir}/mps-shm"))
         return AgentConfig(node_name=NODE, device_plugin_dir=f"{self.dir}/dp",
                            state_dir=f"{self.dir}/state", kubelet_poll_s=0.05,
                            health_poll_s=0.05, allocate_retries=1, allocate_retry_s=0.05,
-                           **self.cfg)
+                           **cfg)
 
     async def start(self) -> Agent:
         await self.kubelet.start()
@@ -113,6 +137,24 @@ def short_dir():
     d = tempfile.mkdtemp(prefix="sg-")
     yield d
     shutil.rmtree(d, ignore_errors=True)
+
+
+MPS_STANDIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standins",
+                           "nvidia-cuda-mps-control")
+
+
+@pytest.fixture
+async def mps_daemon(short_dir):
+    """The stand-in MPS control daemon answering on the harness's pipe directory."""
+    pipe = f"{short_dir}/mps"
+    p = subprocess.Popen([MPS_STANDIN, "-f"],
+                         env=dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=pipe))
+    try:
+        await wait_until(lambda: os.path.exists(f"{pipe}/control"))
+        yield pipe
+    finally:
+        p.kill()
+        p.wait()
 
 
 @pytest.fixture

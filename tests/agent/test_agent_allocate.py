@@ -8,7 +8,7 @@ import random
 
 import grpc
 import pytest
-from agent_helpers import NODE, harness, make_pod, short_dir  # noqa: F401
+from agent_helpers import MPS_STANDIN, NODE, harness, make_pod, mps_daemon, short_dir  # noqa: F401
 from agent_kubelet import wait_until
 
 from sharegpu import names
@@ -250,8 +250,8 @@ async def test_first_generation_annotations_multi_container(harness):
     await wait_until(lambda: is_assigned(old["metadata"]["annotations"]))
 
 
-async def test_mps_env_and_pipe_mount(harness):
-    h = await harness(gpus=MIXED, mode="mps")
+async def test_mps_env_and_pipe_mount(harness, mps_daemon):
+    h = await harness(gpus=MIXED, mode="mps", mps_control=(MPS_STANDIN,))
     h.kube.add_pod(make_pod("m", [{"mem": 4}], alloc={0: {0: 2, 3: 2}}, gpu_count=2))
     r = await h.kubelet.allocate(names.RES_GPU_MEM, take(free_pool(h), {0: 2, 3: 2}))
     assert r.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=2048M,1=2048M"
@@ -259,7 +259,7 @@ async def test_mps_env_and_pipe_mount(harness):
     assert "LD_PRELOAD" not in r.envs
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in r.envs  # memory only: compute shared
     assert [(m.container_path, m.host_path) for m in r.mounts] == [
-        ("/tmp/nvidia-mps", "/run/nvidia/mps")]
+        ("/tmp/nvidia-mps", mps_daemon), ("/dev/shm", h.agent.config.isolation_paths.mps_shm_dir)]
 
 
 async def test_share_mode_sets_no_isolation(harness):

@@ -3,10 +3,12 @@ node annotations patched, the mode label watched live, a pod marked assigned aft
 
 from __future__ import annotations
 
-from agent_helpers import NODE, make_pod, short_dir  # noqa: F401
+import grpc
+from agent_helpers import NODE, make_pod, short_dir, standin_library  # noqa: F401
 from agent_kubelet import TestKubelet, wait_until
 
 from sharegpu import names
+from sharegpu.agent.isolation import IsolationConfig
 from sharegpu.agent.lightkube_api import LightkubeApi, make_client
 from sharegpu.agent.nvml import FakeNvml
 from sharegpu.agent.service import Agent, AgentConfig
@@ -27,7 +29,8 @@ async def test_agent_against_fake_api_server(fake_api, short_dir):
     client = make_client(str(fake_api.kubeconfig_path))
     agent = Agent(
         AgentConfig(node_name=NODE, device_plugin_dir=f"{short_dir}/dp",
-                    state_dir=f"{short_dir}/state", kubelet_poll_s=0.05),
+                    state_dir=f"{short_dir}/state", kubelet_poll_s=0.05,
+                    isolation_paths=IsolationConfig(hami_library=standin_library())),
         FakeNvml([("Tesla-T4", 15), ("Tesla-V100-SXM2-32GB", 32)]),
         LightkubeApi(client),
     )
@@ -42,6 +45,10 @@ async def test_agent_against_fake_api_server(fake_api, short_dir):
         assert meta["labels"][names.LABEL_CARD_COUNT] == "2"
         assert meta["annotations"][names.ANN_NODE_GPU_MEM] == "15,32"
         assert meta["annotations"][names.ANN_NODE_LAST_MODE] == "cgpu"
+        # the isolation condition, through nodes/status (strategic merge by type)
+        (cond,) = [c for c in fake_api.get("nodes", NODE)["status"]["conditions"]
+                   if c["type"] == "GPUIsolationReady"]
+        assert cond["status"] == "True" and cond["reason"] == "BackendReady"
 
         # Allocate reads the pod from the API and marks it assigned there
         ids = [i for i, _ in kubelet.devices[names.RES_GPU_MEM]
@@ -61,6 +68,49 @@ async def test_agent_against_fake_api_server(fake_api, short_dir):
         await wait_until(lambda: agent.labels.get("touched") == "yes")
         assert agent.mode is Mode.CORE_MEM
         assert counts() == advertised_resources(Mode.CORE_MEM, [15, 32])
+    finally:
+        await agent.stop()
+        await kubelet.stop()
+        await client.close()
+
+
+async def test_refusal_event_and_condition_through_the_api(fake_api, short_dir):
+    """Fail closed against the API server: the node condition turns False through
+    nodes/status and the refused pod gets a core/v1 Event."""
+    fake_api.create({"apiVersion": "v1", "kind": "Node",
+                     "metadata": {"name": NODE, "labels": {names.LABEL_SCHEDULE: "cgpu"}},
+                     "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+    pod = make_pod("w", [{"mem": 2}], alloc={0: {0: 2}})
+    pod.update({"apiVersion": "v1", "kind": "Pod"})
+    fake_api.create(pod)
+    kubelet = TestKubelet(f"{short_dir}/dp")
+    await kubelet.start()
+    client = make_client(str(fake_api.kubeconfig_path))
+    missing = f"{short_dir}/none/libvgpu.so"
+    agent = Agent(
+        AgentConfig(node_name=NODE, device_plugin_dir=f"{short_dir}/dp",
+                    state_dir=f"{short_dir}/state", kubelet_poll_s=0.05, allocate_retries=0,
+                    isolation_paths=IsolationConfig(hami_library=missing)),
+        FakeNvml([("Tesla-T4", 15)]),
+        LightkubeApi(client),
+    )
+    await agent.start()
+    try:
+        conds = {c["type"]: c for c in fake_api.get("nodes", NODE)["status"]["conditions"]}
+        assert conds["Ready"]["status"] == "True"  # the kubelet's conditions are kept
+        assert conds["GPUIsolationReady"]["status"] == "False"
+        assert missing in conds["GPUIsolationReady"]["message"]
+        await wait_until(lambda: len(kubelet.devices.get(names.RES_GPU_MEM, [])) == 15)
+        ids = [i for i, _ in kubelet.devices[names.RES_GPU_MEM]][:2]
+        try:
+            await kubelet.allocate(names.RES_GPU_MEM, ids)
+            raise AssertionError("Allocate must be refused")
+        except grpc.aio.AioRpcError as e:
+            assert "isolation back-end hami is not usable" in e.details()
+        await wait_until(lambda: fake_api.objects("events", "default"))
+        (ev,) = fake_api.objects("events", "default")
+        assert ev["reason"] == "GPUIsolationUnavailable" and ev["involvedObject"]["name"] == "w"
+        assert not is_assigned(fake_api.get("pods", "w", "default")["metadata"]["annotations"])
     finally:
         await agent.stop()
         await kubelet.stop()

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from agent_helpers import short_dir  # noqa: F401
+from agent_helpers import short_dir, standin_library  # noqa: F401
 from agent_kubelet import TestKubelet, wait_until
 
 from sharegpu import names
@@ -100,6 +100,7 @@ async def test_agent_process_on_fake_library(fake_libdir, short_dir):
         sys.executable, "-m", "sharegpu.cli", "agent", "--nvml", "real", "--standalone",
         "--mode", "cgpu", "--device-plugin-dir", f"{short_dir}/dp",
         "--state-dir", f"{short_dir}/state", "--metrics-listen", "", "--log-level", "WARNING",
+        "--hami-library", standin_library(),
         env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
     )
     try:

@@ -26,6 +26,16 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
 
+{{/* HAMi's published image, by digest when one is given */}}
+{{- define "sharegpu.hamiImage" -}}
+{{- $img := .Values.agent.hami.image -}}
+{{- if $img.digest -}}
+{{ $img.repository }}@{{ $img.digest }}
+{{- else -}}
+{{ $img.repository }}:{{ $img.tag }}
+{{- end -}}
+{{- end -}}
+
 {{- define "sharegpu.schedulerImage" -}}
 {{- $tag := .Values.scheduler.image.tag -}}
 {{- if not $tag -}}

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +36,14 @@ from ..errors import ShareGpuError, ValidationError
 from ..pods import is_terminated
 from ..request import Kind, parse_pod
 from .devices import DeviceMap
-from .isolation import Backend, ContainerEnv, IsolationConfig, disabled, isolation_env
+from .isolation import (
+    COMPUTE_ENVS,
+    Backend,
+    ContainerEnv,
+    IsolationConfig,
+    disabled,
+    isolation_env,
+)
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +53,19 @@ ANN_GRANT = "sharegpu.io/allocated-to"  # container annotation in the Allocate r
 
 class AllocationError(ShareGpuError):
     """A container cannot be given devices; the message is the reason the kubelet reports."""
+
+
+class IsolationUnavailable(AllocationError):
+    """The container needs isolation and the node's back-end cannot give it (fail closed)."""
+
+    def __init__(self, message: str, candidate: Candidate) -> None:
+        super().__init__(message)
+        self.candidate = candidate
+
+
+# Called with the back-end a container is about to get and the container; raises
+# IsolationUnavailable when that back-end is not usable.
+Guard = Callable[["Backend", "Candidate"], None]
 
 
 @dataclass(frozen=True)
@@ -280,9 +300,11 @@ class Allocator:
         *,
         backend: Backend,
         node_labels: Mapping[str, str],
+        guard: Guard | None = None,
     ) -> tuple[Grant, bool]:
         """The grant for one container request, and whether its pod is now fully handed out
-        (time to mark it assigned). Raises :class:`AllocationError` with the reason."""
+        (time to mark it assigned). Raises :class:`AllocationError` with the reason, and
+        :class:`IsolationUnavailable` (nothing recorded) when ``guard`` refuses the back-end."""
         if not device_ids:
             raise AllocationError(f"{resource}: the kubelet asked for no devices")
         try:
@@ -297,7 +319,7 @@ class Allocator:
             c = self._match(candidates, resource, want)
             if c is not None:
                 # build the answer first: a decision that cannot be served is not handed out
-                grant = self._grant(c, resource, backend, node_labels)
+                grant = self._grant(c, resource, backend, node_labels, guard)
                 self.ledger.record(c, resource, now)
                 done = self.ledger.pod_done(candidates, c.pod_key)
                 if done:
@@ -334,19 +356,25 @@ class Allocator:
         return Grant(None, gpus, uuids, env, {})
 
     def _grant(
-        self, c: Candidate, resource: str, backend: Backend, node_labels: Mapping[str, str]
+        self,
+        c: Candidate,
+        resource: str,
+        backend: Backend,
+        node_labels: Mapping[str, str],
+        guard: Guard | None = None,
     ) -> Grant:
         gpus = tuple(sorted(c.mem))
         uuids = self._uuids(gpus)
         notes = {ANN_GRANT: c.ref}
+        b = Backend.NONE if c.whole or disabled(c.container_spec, node_labels) else backend
+        if b is not Backend.NONE and guard is not None:
+            guard(b, c)  # fail closed: no isolated GPU without a usable back-end
+        gpu_mem = {g: self.devices.gpus[g].mem_gib for g in gpus}
         if resource == names.RES_GPU_CORE:
             # The memory side sets the full environment; compute only repeats its own limit.
-            iso = isolation_env(
-                Backend.NONE if disabled(c.container_spec, node_labels) else backend,
-                mem=c.mem, core=c.core, pod_uid=c.uid, config=self.isolation,
-            )
-            keep = {"CUDA_DEVICE_SM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"}
-            env = {k: v for k, v in iso.envs.items() if k in keep}
+            iso = isolation_env(b, mem=c.mem, core=c.core, pod_uid=c.uid, config=self.isolation,
+                                gpu_mem=gpu_mem)
+            env = {k: v for k, v in iso.envs.items() if k in COMPUTE_ENVS}
             env[names.ENV_VISIBLE_DEVICES] = ",".join(uuids)
             return Grant(c, gpus, uuids, ContainerEnv(env), notes)
         envs = {names.ENV_VISIBLE_DEVICES: ",".join(uuids)}
@@ -356,8 +384,8 @@ class Allocator:
             envs[names.ENV_MEM_POD] = str(c.pod_total_mem)
             envs[names.ENV_MEM_CONTAINER] = str(sum(c.mem.values()))
             envs[names.ENV_MEM_DEV] = str(self.devices.gpus[gpus[0]].mem_gib)
-            b = Backend.NONE if disabled(c.container_spec, node_labels) else backend
-            iso = isolation_env(b, mem=c.mem, core=c.core, pod_uid=c.uid, config=self.isolation)
+            iso = isolation_env(b, mem=c.mem, core=c.core, pod_uid=c.uid, config=self.isolation,
+                                gpu_mem=gpu_mem)
             envs.update(iso.envs)
             mounts = iso.mounts
         return Grant(c, gpus, uuids, ContainerEnv(envs, mounts), notes)

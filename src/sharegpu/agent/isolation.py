@@ -1,24 +1,37 @@
 """What a container gets besides its GPUs: the environment and mounts of the node's isolation
-back-end (SPEC §6).
+back-end (SPEC §6), and the cGPU compute policy that decides how compute is shared.
 
 - ``hami`` (modes ``cgpu`` and ``core_mem``): HAMi-core's ``libvgpu.so`` preloaded with
-  ``LD_PRELOAD``; ``CUDA_DEVICE_MEMORY_LIMIT_<i>`` per visible GPU and, when the pod asks for
-  compute, ``CUDA_DEVICE_SM_LIMIT``.
+  ``LD_PRELOAD``; ``CUDA_DEVICE_MEMORY_LIMIT_<i>`` per visible GPU and, when the container's
+  compute is capped, ``CUDA_DEVICE_SM_LIMIT`` with ``GPU_CORE_UTILIZATION_POLICY=force``.
 - ``mps`` (mode ``mps``): the MPS client limits ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` and
-  ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, with the control daemon's pipe directory mounted.
+  ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, with the control daemon's pipe directory and its shared
+  memory directory (as ``/dev/shm``) mounted.
 - ``none`` (mode ``share``, ``CGPU_DISABLE=true`` on the container, node label
   ``cgpu.disable.isolation=true``): only the GPUs.
 
 Inside the container the visible GPUs are numbered 0..k-1 in ascending host index order
 (``CUDA_DEVICE_ORDER=PCI_BUS_ID`` keeps CUDA's numbering the same as NVML's), so limit ``<i>``
 belongs to the i-th GPU of the container.
+
+Compute policies (ACK's cGPU ``policy``, 0-5) and what each back-end can do with them:
+
+- 5 native (the default): compute is shared by the GPU's own scheduler; only a container that
+  asked for compute (``core_mem``) is capped, at what it asked.
+- 3 fixed share: every container is capped: at the percentage it asked, or, when it asked none
+  (``cgpu``, ``mps``), at its share of the GPU's memory (rounded up to a whole percent).
+- 0 even time slices, 1 preemptive, 2 weighted preemptive and 4 soft (lending idle compute)
+  need a time-slice scheduler in the driver; HAMi-core only throttles kernel launches against a
+  cap and MPS only caps the SMs a client may use, so neither can honour them: they are refused
+  when the agent starts.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import StrEnum
+from enum import IntEnum, StrEnum
 
 from .. import names
 from ..errors import ValidationError
@@ -34,6 +47,31 @@ class Backend(StrEnum):
 ISOLATION_CHOICES = ("auto", "hami", "mps", "none")
 
 
+class ComputePolicy(IntEnum):
+    EVEN = 0
+    PREEMPTIVE = 1
+    WEIGHTED = 2
+    FIXED = 3
+    SOFT = 4
+    NATIVE = 5
+
+
+POLICY_NAMES = {
+    ComputePolicy.EVEN: "even time slices",
+    ComputePolicy.PREEMPTIVE: "preemptive",
+    ComputePolicy.WEIGHTED: "weighted preemptive",
+    ComputePolicy.FIXED: "fixed share",
+    ComputePolicy.SOFT: "soft (lends idle compute)",
+    ComputePolicy.NATIVE: "native",
+}
+
+# What each isolating back-end can honour (``none`` isolates nothing, so no policy applies).
+SUPPORTED_POLICIES: dict[Backend, frozenset[ComputePolicy]] = {
+    Backend.HAMI: frozenset({ComputePolicy.FIXED, ComputePolicy.NATIVE}),
+    Backend.MPS: frozenset({ComputePolicy.FIXED, ComputePolicy.NATIVE}),
+}
+
+
 def backend_for(choice: str, mode: Mode) -> Backend:
     """The back-end for ``--isolation`` (``auto`` follows the node's mode)."""
     if choice not in ISOLATION_CHOICES:
@@ -47,13 +85,44 @@ def backend_for(choice: str, mode: Mode) -> Backend:
     return Backend.NONE
 
 
+def possible_backends(choice: str) -> list[Backend]:
+    """Every back-end the agent may use with ``--isolation choice`` (the node's mode can change
+    while the agent runs, so ``auto`` may use any)."""
+    if choice == "auto":
+        return [Backend.HAMI, Backend.MPS]
+    return [Backend(choice)] if choice in ISOLATION_CHOICES else []
+
+
+def parse_policy(value: object, isolation: str = "auto") -> ComputePolicy:
+    """``--compute-policy``: 0-5, refused when a back-end the agent may use cannot honour it."""
+    try:
+        policy = ComputePolicy(int(str(value).strip()))
+    except ValueError:
+        raise ValidationError("--compute-policy", value, "must be one of 0, 1, 2, 3, 4, 5 "
+                              "(ACK's cGPU policies; 5 = native, the default)") from None
+    refusing = [b for b in possible_backends(isolation)
+                if b in SUPPORTED_POLICIES and policy not in SUPPORTED_POLICIES[b]]
+    if refusing:
+        which = " and ".join(b.value for b in refusing)
+        raise ValidationError(
+            "--compute-policy", value,
+            f"policy {int(policy)} ({POLICY_NAMES[policy]}) cannot be honoured by the {which} "
+            "back-end: HAMi-core throttles kernel launches against a cap and MPS caps the SMs "
+            "of a client, neither schedules time slices or lends idle compute; use 5 (native) "
+            "or 3 (fixed share)",
+        )
+    return policy
+
+
 @dataclass(frozen=True)
 class IsolationConfig:
     hami_library: str = "/usr/local/vgpu/libvgpu.so"  # host path, mounted at the same path
     hami_cache_dir: str = "/tmp/sharegpu-vgpu"  # host dir for HAMi-core's shared usage file
     hami_lock_dir: str = "/tmp/vgpulock"  # host dir shared by every container on the node
     mps_pipe_dir: str = "/run/nvidia/mps"  # host dir of the MPS control daemon's pipes
+    mps_shm_dir: str = "/run/nvidia/mps-shm"  # host dir the daemon and clients share as /dev/shm
     mps_container_pipe_dir: str = "/tmp/nvidia-mps"
+    compute_policy: ComputePolicy = ComputePolicy.NATIVE
 
 
 @dataclass(frozen=True)
@@ -73,6 +142,34 @@ def is_true(v: str | None) -> bool:
     return str(v or "").strip().lower() == "true"
 
 
+# The variables that carry a compute cap (the compute half of a core_mem container repeats them).
+COMPUTE_ENVS = frozenset({"CUDA_DEVICE_SM_LIMIT", "GPU_CORE_UTILIZATION_POLICY",
+                          "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"})
+
+
+def compute_cap(
+    policy: ComputePolicy,
+    *,
+    mem: Mapping[int, int],
+    core: Mapping[int, int],
+    gpu_mem: Mapping[int, int] | None = None,
+) -> int | None:
+    """The compute cap (percent) of a container under ``policy``, or ``None`` for no cap.
+
+    Both back-ends take one value per container: the smallest share it holds on any of its GPUs.
+    """
+    gpus = sorted(mem)
+    asked = [int(core[g]) for g in gpus if core.get(g)]
+    if asked:
+        return min(asked)
+    if policy is ComputePolicy.FIXED and gpu_mem:
+        shares = [math.ceil(100 * int(mem[g]) / int(gpu_mem[g]))
+                  for g in gpus if gpu_mem.get(g)]
+        if shares:
+            return max(1, min(100, min(shares)))
+    return None
+
+
 def isolation_env(
     backend: Backend,
     *,
@@ -80,20 +177,25 @@ def isolation_env(
     core: Mapping[int, int],
     pod_uid: str,
     config: IsolationConfig,
+    gpu_mem: Mapping[int, int] | None = None,
 ) -> ContainerEnv:
     """Env and mounts of ``backend`` for a container with ``mem[gpu]`` GiB and ``core[gpu]``
-    percent on its GPUs (host indices)."""
+    percent on its GPUs (host indices); ``gpu_mem[gpu]`` is each GPU's size in GiB (for the
+    fixed-share policy)."""
     gpus = sorted(mem)
     envs: dict[str, str] = {}
     mounts: list[Mount] = []
+    cap = compute_cap(config.compute_policy, mem=mem, core=core, gpu_mem=gpu_mem)
     if backend is Backend.HAMI:
         envs["LD_PRELOAD"] = config.hami_library
         envs["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         for i, g in enumerate(gpus):
             envs[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{int(mem[g]) * 1024}m"
-        sm = _compute(core, gpus)
-        if sm is not None:
-            envs["CUDA_DEVICE_SM_LIMIT"] = str(sm)
+        if cap is not None and cap < names.CORE_PER_GPU:
+            envs["CUDA_DEVICE_SM_LIMIT"] = str(cap)
+            envs["GPU_CORE_UTILIZATION_POLICY"] = "force"
+        else:
+            envs["GPU_CORE_UTILIZATION_POLICY"] = "disable"
         uid = pod_uid or "pod"
         envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"/tmp/sharegpu-vgpu/{uid}.cache"
         mounts.append(Mount(config.hami_library, config.hami_library, True))
@@ -106,18 +208,12 @@ def isolation_env(
         envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(
             f"{i}={int(mem[g]) * 1024}M" for i, g in enumerate(gpus)
         )
-        sm = _compute(core, gpus)
-        if sm is not None:
-            envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(sm)
+        if cap is not None and cap < names.CORE_PER_GPU:
+            envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(cap)
         mounts.append(Mount(config.mps_container_pipe_dir, config.mps_pipe_dir, False))
+        # the MPS server and its clients exchange buffers through shared memory
+        mounts.append(Mount("/dev/shm", config.mps_shm_dir, False))
     return ContainerEnv(envs, tuple(mounts))
-
-
-def _compute(core: Mapping[int, int], gpus: list[int]) -> int | None:
-    """One compute percentage for the container (both back-ends take a single value): the
-    smallest share it holds on any of its GPUs."""
-    values = [int(core[g]) for g in gpus if core.get(g)]
-    return min(values) if values else None
 
 
 def disabled(container: Mapping[str, object], node_labels: Mapping[str, str]) -> bool:

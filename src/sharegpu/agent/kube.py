@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
 Obj = dict[str, Any]
+EVENT_COMPONENT = "sharegpu-agent"
 
 
 class KubeApi(Protocol):
@@ -41,6 +42,16 @@ class KubeApi(Protocol):
         self, namespace: str, name: str, annotations: Mapping[str, str]
     ) -> None: ...
 
+    async def patch_node_condition(self, name: str, condition: Mapping[str, str]) -> None:
+        """Set one condition (by ``type``) in the node's status; the others are kept."""
+        ...
+
+    async def create_event(
+        self, *, namespace: str, pod: str, uid: str, reason: str, message: str, node: str
+    ) -> None:
+        """A Warning Event on the pod, from the agent of ``node``."""
+        ...
+
 
 def _merge(target: dict[str, str], patch: Mapping[str, str | None] | None) -> None:
     for k, v in (patch or {}).items():
@@ -58,6 +69,7 @@ class MemoryKube:
         self.pods: dict[tuple[str, str], Obj] = {}
         self._watchers: dict[str, list[asyncio.Queue[Obj]]] = {}
         self.calls: list[tuple[str, Any]] = []
+        self.events: list[Obj] = []
         self.latency_s = 0.0  # added to every pod list, to stand in for an API round trip
         self.lists = 0
 
@@ -114,3 +126,14 @@ class MemoryKube:
         self.calls.append(("patch_pod", (namespace, name, dict(annotations))))
         pod = self.pods[(namespace, name)]
         _merge(pod["metadata"].setdefault("annotations", {}), annotations)
+
+    async def patch_node_condition(self, name, condition) -> None:  # type: ignore[no-untyped-def]
+        self.calls.append(("patch_node_condition", (name, dict(condition))))
+        conds = self.nodes[name].setdefault("status", {}).setdefault("conditions", [])
+        conds[:] = [c for c in conds if c.get("type") != condition["type"]] + [dict(condition)]
+
+    async def create_event(self, *, namespace, pod, uid, reason, message, node) -> None:  # type: ignore[no-untyped-def]
+        from ..kevents import pod_event
+
+        self.events.append(pod_event(namespace=namespace, name=pod, uid=uid, reason=reason,
+                                     message=message, component=EVENT_COMPONENT, host=node))

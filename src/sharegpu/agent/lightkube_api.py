@@ -85,3 +85,28 @@ class LightkubeApi:
             Pod, name, {"metadata": {"annotations": dict(annotations)}},
             namespace=namespace, patch_type=PatchType.MERGE,
         )
+
+    async def patch_node_condition(self, name: str, condition: Mapping[str, str]) -> None:
+        """A strategic merge patch of ``status.conditions`` (merged by ``type``) through the
+        ``nodes/status`` subresource; the time stamps are the agent's."""
+        from datetime import UTC, datetime
+
+        from lightkube.resources.core_v1 import Node
+        from lightkube.types import PatchType
+
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        cond = {"lastHeartbeatTime": now, "lastTransitionTime": now, **dict(condition)}
+        await self.client.patch(Node.Status, name, {"status": {"conditions": [cond]}},
+                                patch_type=PatchType.STRATEGIC)
+
+    async def create_event(
+        self, *, namespace: str, pod: str, uid: str, reason: str, message: str, node: str
+    ) -> None:
+        from lightkube.resources.core_v1 import Event
+
+        from ..kevents import pod_event
+        from .kube import EVENT_COMPONENT
+
+        obj = pod_event(namespace=namespace, name=pod, uid=uid, reason=reason, message=message,
+                        component=EVENT_COMPONENT, host=node)
+        await self.client.create(Event.from_dict(obj), namespace=namespace)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from .mps import read_state
 from .service import Agent
 
 
 def render(agent: Agent) -> str:
     node = agent.config.node_name
+    r = agent.readiness
     lines = [
         "# TYPE sharegpu_agent_gpus gauge",
         f'sharegpu_agent_gpus{{node="{node}"}} {len(agent.gpus)}',
@@ -29,7 +31,21 @@ def render(agent: Agent) -> str:
         f"sharegpu_agent_allocations_total {agent.allocations}",
         "# TYPE sharegpu_agent_allocation_failures_total counter",
         f"sharegpu_agent_allocation_failures_total {agent.allocation_failures}",
+        "# HELP sharegpu_agent_isolation_ready 1 when the node's isolation back-end is usable",
+        "# TYPE sharegpu_agent_isolation_ready gauge",
+        f'sharegpu_agent_isolation_ready{{backend="{r.backend.value}"}} {int(r.ready)}',
+        "# TYPE sharegpu_agent_isolation_refusals_total counter",
+        f"sharegpu_agent_isolation_refusals_total {agent.isolation_refusals}",
     ]
+    mps = read_state(agent.config.state_dir)
+    if mps is not None:
+        up = 1 if mps.get("state") == "running" else 0
+        lines += [
+            "# TYPE sharegpu_agent_mps_daemon_up gauge",
+            f"sharegpu_agent_mps_daemon_up {up}",
+            "# TYPE sharegpu_agent_mps_daemon_restarts_total counter",
+            f"sharegpu_agent_mps_daemon_restarts_total {int(mps.get('restarts') or 0)}",
+        ]
     return "\n".join(lines) + "\n"
 
 

@@ -16,22 +16,35 @@ import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .. import names
 from ..aio import cancel_all
 from ..errors import ValidationError
 from ..modes import Mode, card_model_labels, parse_mode
-from .allocate import AllocationError, Allocator, Grant, pending_candidates
+from .allocate import (
+    AllocationError,
+    Allocator,
+    Candidate,
+    Grant,
+    IsolationUnavailable,
+    pending_candidates,
+)
 from .devices import SOCKETS, DeviceMap, devices_for
 from .isolation import Backend, IsolationConfig, backend_for
 from .kube import KubeApi
+from .mps import CURRENT_MODE_FILE
 from .nvml import Nvml
 from .plugin import KUBELET_SOCKET, DevicePlugin
+from .readiness import READY_NONE, Readiness, check_hami, check_mps
 
 log = logging.getLogger(__name__)
 
 MODE_FILE = "last-mode"
+CONDITION_ISOLATION = "GPUIsolationReady"  # node condition the agent keeps
+EVENT_ISOLATION = "GPUIsolationUnavailable"  # Warning event on a pod refused for it
+# Resources whose containers get an isolation back-end: withheld while the back-end is unusable.
+ISOLATED_RESOURCES = frozenset({names.RES_GPU_MEM, names.RES_GPU_CORE, names.RES_GPU_COUNT})
 
 
 @dataclass
@@ -46,6 +59,12 @@ class AgentConfig:
     health_poll_s: float = 1.0
     allocate_retries: int = 3  # re-list pods this often when a request matches no pod yet
     allocate_retry_s: float = 0.3
+    # the file the chart's init container writes with the path of the HAMi-core library it
+    # installed; when set it wins over isolation_paths.hami_library
+    hami_installed: str = ""
+    isolation_check_s: float = 10.0  # how often the back-end is checked again
+    mps_control: tuple[str, ...] = ("nvidia-cuda-mps-control",)
+    load_check: bool = True  # load the HAMi-core library in a child process as part of the check
 
 
 class Agent:
@@ -64,6 +83,11 @@ class Agent:
         self.registrations = 0  # registration rounds completed (tests and metrics read it)
         self.allocations = 0
         self.allocation_failures = 0
+        self.isolation_refusals = 0
+        self.readiness: Readiness = READY_NONE
+        self._checked_at = 0.0
+        self._check_lock = asyncio.Lock()
+        self._condition_sent: tuple[str, str] | None = None
         self._background: set[asyncio.Task] = set()
         self._next_list: asyncio.Future[list[dict]] | None = None
         self._list_lock = asyncio.Lock()
@@ -79,13 +103,17 @@ class Agent:
         node = await self._get_node()
         self.labels = dict((node.get("metadata") or {}).get("labels") or {})
         self.mode = self._initial_mode(node)
+        self._write_current_mode()
         await self._publish_node(explicit=self._label_mode() is not None)
+        await self.check_isolation(publish=False)
         await self._refresh_devices()
+        await self._publish_condition()
         await self._start_plugins()
         self._tasks = [
             asyncio.create_task(self._watch_node(), name="watch-node"),
             asyncio.create_task(self._watch_kubelet(), name="watch-kubelet"),
             asyncio.create_task(self._watch_health(), name="watch-health"),
+            asyncio.create_task(self._watch_isolation(), name="watch-isolation"),
         ]
         log.info("agent on %s: %d GPU(s) %s, mode %s", self.config.node_name, len(self.gpus),
                  [g.mem_gib for g in self.gpus], self.mode)
@@ -152,6 +180,16 @@ class Agent:
         except ValidationError:
             return Mode.EXCLUSIVE
 
+    def _write_current_mode(self) -> None:
+        """The mode in force, for the MPS daemon's supervisor beside the agent."""
+        path = os.path.join(self.config.state_dir, CURRENT_MODE_FILE)
+        try:
+            with open(path + ".tmp", "w") as f:
+                f.write(self.mode.value + "\n")
+            os.replace(path + ".tmp", path)
+        except OSError as e:
+            log.warning("could not write %s: %s", path, e)
+
     def _remember(self, mode: Mode) -> None:
         tmp = self._mode_path() + ".tmp"
         with open(tmp, "w") as f:
@@ -192,20 +230,133 @@ class Agent:
         log.info("node %s: mode %s -> %s", self.config.node_name, self.mode, explicit)
         self.mode = explicit
         self._remember(explicit)
+        self._write_current_mode()
         await self.kube.patch_node_metadata(
             self.config.node_name, annotations={names.ANN_NODE_LAST_MODE: explicit.value}
         )
+        await self.check_isolation(publish=False)
         await self._refresh_devices()
+        await self._publish_condition()
         self._mode_changed.set()
 
     @property
     def backend(self) -> Backend:
         return backend_for(self.config.isolation, self.mode)
 
+    # ------------------------------------------------------------------ isolation
+    def hami_library(self) -> tuple[str, str | None]:
+        """The HAMi-core library the agent hands out, or why there is none: the path the chart's
+        init container recorded (``hami_installed``), else the configured path."""
+        pointer = self.config.hami_installed
+        if not pointer:
+            return self.config.isolation_paths.hami_library, None
+        try:
+            with open(pointer) as f:
+                path = f.read().strip()
+        except OSError:
+            return "", (f"the HAMi-core library was not installed: {pointer} (written by the "
+                        "chart's hami-install init container) does not exist")
+        if not os.path.isabs(path):
+            return "", f"{pointer} does not name an absolute path to the library ({path!r})"
+        return path, None
+
+    def _check_now(self, backend: Backend) -> Readiness:
+        from .readiness import HAMI_FIX
+
+        if backend is Backend.HAMI:
+            path, problem = self.hami_library()
+            if problem:
+                return Readiness(Backend.HAMI, False, problem, HAMI_FIX)
+            if path != self.allocator.isolation.hami_library:
+                self.allocator.isolation = replace(self.allocator.isolation, hami_library=path)
+            return check_hami(path, load=self.config.load_check)
+        if backend is Backend.MPS:
+            return check_mps(self.config.isolation_paths.mps_pipe_dir, self.config.mps_control)
+        return READY_NONE
+
+    async def check_isolation(self, *, publish: bool = True) -> Readiness:
+        """Check the node's back-end now; on a change, withhold or restore the isolated
+        resources and update the node condition."""
+        async with self._check_lock:
+            backend = self.backend
+            r = await asyncio.to_thread(self._check_now, backend)
+            self._checked_at = time.monotonic()
+            changed = r != self.readiness
+            if changed:
+                (log.info if r.ready else log.error)("%s", r.message(self.config.node_name))
+            self.readiness = r
+        if changed and publish:
+            await self._refresh_devices()
+            await self._publish_condition()
+        return r
+
+    async def _watch_isolation(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.isolation_check_s)
+            try:
+                await self.check_isolation()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the check itself broke: keep the last answer
+                log.warning("isolation check failed: %s", e)
+
+    async def _current_readiness(self) -> Readiness:
+        """The back-end's state for an Allocate: checked again when it was unusable (it may be
+        back) or when the node's back-end changed, at most once a second."""
+        r = self.readiness
+        stale = time.monotonic() - self._checked_at > 1.0
+        if r.backend != self.backend or (not r.ready and stale):
+            r = await self.check_isolation()
+        return r
+
+    def _guard(self, readiness: Readiness):  # type: ignore[no-untyped-def]
+        def guard(backend: Backend, c: Candidate) -> None:
+            if readiness.backend is backend and readiness.ready:
+                return
+            if readiness.backend is not backend:  # cannot happen: one back-end per node
+                readiness_msg = (f"node {self.config.node_name}: isolation back-end "
+                                 f"{backend.value} was not checked")
+            else:
+                readiness_msg = readiness.message(self.config.node_name)
+            raise IsolationUnavailable(readiness_msg, c)
+
+        return guard
+
+    async def _publish_condition(self) -> None:
+        r = self.readiness
+        if r.backend is Backend.NONE:
+            status, reason = "True", "NotIsolated"
+            msg = f"mode {self.mode.value}: no isolation back-end (scheduling only)"
+        elif r.ready:
+            status, reason, msg = "True", "BackendReady", r.message(self.config.node_name)
+        else:
+            status, reason, msg = "False", "BackendUnusable", r.message(self.config.node_name)
+        if self._condition_sent == (status, msg):
+            return
+        cond = {"type": CONDITION_ISOLATION, "status": status, "reason": reason,
+                "message": msg[:1024]}
+        try:
+            await self.kube.patch_node_condition(self.config.node_name, cond)
+            self._condition_sent = (status, msg)
+        except Exception as e:
+            log.warning("node condition %s not written: %s", CONDITION_ISOLATION, e)
+
+    async def _pod_event(self, c: Candidate, message: str) -> None:
+        try:
+            await self.kube.create_event(
+                namespace=c.namespace, pod=c.name, uid=c.uid, reason=EVENT_ISOLATION,
+                message=message[:1024], node=self.config.node_name,
+            )
+        except Exception as e:
+            log.warning("event for %s/%s not written: %s", c.namespace, c.name, e)
+
     # ------------------------------------------------------------------ devices
     async def _refresh_devices(self) -> None:
+        withheld = (self.readiness.backend is not Backend.NONE and not self.readiness.ready)
+        everything = {g.index for g in self.gpus}
         for r, p in self.plugins.items():
-            await p.set_devices(devices_for(r, self.mode, self.gpus, self.unhealthy))
+            bad = everything if withheld and r in ISOLATED_RESOURCES else self.unhealthy
+            await p.set_devices(devices_for(r, self.mode, self.gpus, bad))
 
     async def _start_plugins(self) -> None:
         d = self.config.device_plugin_dir
@@ -341,11 +492,19 @@ class Agent:
         attempt = 0
         while True:
             cands = await self._candidates()
+            readiness = await self._current_readiness()
             try:
                 grant, done = self.allocator.allocate(
-                    resource, device_ids, cands, backend=self.backend, node_labels=self.labels
+                    resource, device_ids, cands, backend=self.backend, node_labels=self.labels,
+                    guard=self._guard(readiness),
                 )
                 break
+            except IsolationUnavailable as e:
+                self.allocation_failures += 1
+                self.isolation_refusals += 1
+                log.error("%s: %s refused: %s", resource, e.candidate.ref, e)
+                await self._pod_event(e.candidate, str(e))
+                raise
             except AllocationError:
                 attempt += 1
                 if attempt > self.config.allocate_retries:

@@ -36,8 +36,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-listen", default="0.0.0.0:9400", help="HOST:PORT, or '' for none")
     p.add_argument("--hami-library", default="/usr/local/vgpu/libvgpu.so",
                    help="host path of HAMi-core's libvgpu.so (mounted at the same path)")
+    p.add_argument("--hami-installed", default="",
+                   help="file naming the library the chart's init container installed (wins "
+                        "over --hami-library)")
+    p.add_argument("--compute-policy", default="5",
+                   help="cGPU compute policy: 5 native (default) or 3 fixed share; 0, 1, 2 and "
+                        "4 are refused (no back-end can honour them)")
+    p.add_argument("--isolation-check-every", type=float, default=10.0,
+                   help="seconds between checks of the isolation back-end")
     p.add_argument("--mps-pipe-dir", default="/run/nvidia/mps",
                    help="host directory of the MPS control daemon's pipes")
+    p.add_argument("--mps-shm-dir", default="/run/nvidia/mps-shm",
+                   help="host directory the MPS daemon and its clients share as /dev/shm")
+    p.add_argument("--mps-control", default="nvidia-cuda-mps-control",
+                   help="the MPS control client used to check that the daemon answers")
     p.add_argument("--recover-after", type=float, default=300.0,
                    help="seconds without XID after which a responsive GPU is healthy again")
     p.add_argument("--standalone", action="store_true",
@@ -57,7 +69,9 @@ def _listen(text: str) -> tuple[str, int] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..agent.isolation import IsolationConfig
+    import shlex
+
+    from ..agent.isolation import IsolationConfig, parse_policy
     from ..agent.kube import MemoryKube
     from ..agent.nvml import FakeNvml, RealNvml
     from ..agent.service import Agent, AgentConfig
@@ -70,6 +84,13 @@ def run(args: argparse.Namespace) -> int:
     listen = _listen(args.metrics_listen)
     if args.recover_after < 0:
         raise ValidationError("--recover-after", args.recover_after, "must be at least 0")
+    policy = parse_policy(args.compute_policy, args.isolation)
+    if not args.isolation_check_every > 0:
+        raise ValidationError("--isolation-check-every", args.isolation_check_every,
+                              "must be a positive number of seconds")
+    mps_control = tuple(shlex.split(args.mps_control))
+    if not mps_control:
+        raise ValidationError("--mps-control", args.mps_control, "must name a command")
     nvml = FakeNvml.from_spec(args.fake_gpus) if args.nvml == "fake" else _real_nvml(RealNvml)
     if args.standalone:
         kube = MemoryKube()
@@ -84,8 +105,13 @@ def run(args: argparse.Namespace) -> int:
         state_dir=args.state_dir,
         isolation=args.isolation,
         isolation_paths=IsolationConfig(hami_library=args.hami_library,
-                                        mps_pipe_dir=args.mps_pipe_dir),
+                                        mps_pipe_dir=args.mps_pipe_dir,
+                                        mps_shm_dir=args.mps_shm_dir,
+                                        compute_policy=policy),
         recover_after_s=args.recover_after,
+        hami_installed=args.hami_installed,
+        isolation_check_s=args.isolation_check_every,
+        mps_control=mps_control,
     )
 
     async def main() -> None:

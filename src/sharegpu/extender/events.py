@@ -7,12 +7,11 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 
+from ..kevents import pod_event
 from .kube import KubeApi
 from .metrics import Metrics
 
@@ -61,18 +60,9 @@ class EventRecorder:
             self.metrics.events.labels(reason).inc()
         if self.api is None:
             return
-        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        event = {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": f"{name}.{uuid.uuid4().hex[:16]}", "namespace": ns},
-            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": ns, "name": name,
-                               "uid": meta.get("uid", ""),
-                               "resourceVersion": meta.get("resourceVersion", "")},
-            "reason": reason, "message": message[:1024], "type": kind,
-            "source": {"component": COMPONENT, "host": self.host},
-            "reportingComponent": COMPONENT, "reportingInstance": self.host,
-            "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
-        }
+        event = pod_event(namespace=ns, name=name, uid=meta.get("uid", ""), reason=reason,
+                          message=message, component=COMPONENT, host=self.host,
+                          resource_version=meta.get("resourceVersion", ""), kind=kind)
         task = asyncio.get_running_loop().create_task(self._post(event))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

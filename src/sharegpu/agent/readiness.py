@@ -1,0 +1,154 @@
+"""Is the node's isolation back-end usable? The agent answers this before it hands a container
+an isolated GPU, and refuses (fails closed) when the answer is no.
+
+- ``hami``: the library the agent hands out exists, is an ELF shared object for this machine's
+  architecture, and loads in a child process (its dependencies, ``libcuda.so.1`` and
+  ``libnvidia-ml.so.1``, resolve).
+- ``mps``: the MPS control daemon answers ``get_server_list`` on its pipe directory.
+- ``none``: always usable (it isolates nothing).
+
+Each check returns a :class:`Readiness` whose ``reason`` says what is wrong and ``fix`` what the
+operator does about it; the exact sentences are part of the interface (tests name them).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import struct
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .isolation import Backend
+
+# ELF e_machine values of the architectures Kubernetes GPU nodes run on.
+ELF_MACHINES = {62: "x86_64", 183: "aarch64", 21: "ppc64le", 40: "arm", 3: "i386"}
+HOST_MACHINES = {"x86_64": 62, "amd64": 62, "aarch64": 183, "arm64": 183, "ppc64le": 21}
+ET_DYN = 3
+
+HAMI_FIX = (
+    "install HAMi-core: keep the chart's agent.hami.install=true (an init container copies "
+    "libvgpu.so from HAMi's image), or point agent.hamiLibrary at a libvgpu.so installed on the "
+    "node; pods that may run without isolation can opt out with CGPU_DISABLE=true or the node "
+    "label cgpu.disable.isolation=true"
+)
+MPS_FIX = (
+    "start the MPS control daemon: enable the chart's agent.mps.enabled (the mps-control "
+    "container runs nvidia-cuda-mps-control on mps nodes), or run `nvidia-cuda-mps-control -d` "
+    "with CUDA_MPS_PIPE_DIRECTORY={pipe}; pods that may run without isolation can opt out with "
+    "CGPU_DISABLE=true or the node label cgpu.disable.isolation=true"
+)
+
+
+@dataclass(frozen=True)
+class Readiness:
+    backend: Backend
+    ready: bool
+    reason: str = ""
+    fix: str = ""
+
+    def message(self, node: str) -> str:
+        """The sentence a refused Allocate, the pod's Event and the node condition carry."""
+        if self.ready:
+            return f"node {node}: isolation back-end {self.backend.value} is ready"
+        return (f"node {node}: isolation back-end {self.backend.value} is not usable: "
+                f"{self.reason}; fix: {self.fix}")
+
+
+READY_NONE = Readiness(Backend.NONE, True)
+
+
+def host_machine() -> int | None:
+    return HOST_MACHINES.get(platform.machine().lower())
+
+
+def elf_problem(path: str, machine: int | None = None) -> str | None:
+    """Why ``path`` is not an ELF shared object this machine can load, or ``None``."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+    except FileNotFoundError:
+        return f"the HAMi-core library {path} does not exist"
+    except IsADirectoryError:
+        return f"the HAMi-core library {path} is a directory, not a file"
+    except OSError as e:
+        return f"the HAMi-core library {path} cannot be read ({e.strerror or e})"
+    if len(head) < 20 or head[:4] != b"\x7fELF":
+        return f"{path} is not an ELF file"
+    is64 = head[4] == 2
+    little = head[5] == 1
+    fmt = "<HH" if little else ">HH"
+    e_type, e_machine = struct.unpack(fmt, head[16:20])
+    if e_type != ET_DYN:
+        return f"{path} is not an ELF shared object (e_type {e_type}, a library has {ET_DYN})"
+    want = host_machine() if machine is None else machine
+    if want is not None and e_machine != want:
+        built = ELF_MACHINES.get(e_machine, f"machine {e_machine}")
+        return (f"{path} is built for {built}, but this node is "
+                f"{ELF_MACHINES.get(want, f'machine {want}')}")
+    if (sys.maxsize > 2**32) != is64:
+        return f"{path} is a {'64' if is64 else '32'}-bit library; this node runs the other size"
+    return None
+
+
+_LOAD = "import ctypes, sys\nctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_LOCAL)\n"
+
+
+def load_problem(path: str, timeout_s: float = 20.0) -> str | None:
+    """Load ``path`` in a child process (a library that crashes its loader cannot take the
+    agent with it); why it failed, or ``None``."""
+    env = dict(os.environ)
+    env.pop("LD_PRELOAD", None)
+    try:
+        r = subprocess.run([sys.executable, "-c", _LOAD, path], capture_output=True, text=True,
+                           timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        return f"{path} did not finish loading within {timeout_s:.0f}s"
+    except OSError as e:
+        return f"a child process to load {path} could not start ({e})"
+    if r.returncode == 0:
+        return None
+    lines = [ln.strip() for ln in (r.stderr or "").splitlines() if ln.strip()]
+    detail = lines[-1] if lines else f"exit status {r.returncode}"
+    if r.returncode < 0:
+        detail = f"the loader died with signal {-r.returncode}"
+    detail = detail.removeprefix("OSError: ")
+    return f"{path} cannot be loaded: {detail}"
+
+
+def check_hami(path: str, *, machine: int | None = None, load: bool = True) -> Readiness:
+    problem = elf_problem(path, machine) or (load_problem(path) if load else None)
+    if problem:
+        return Readiness(Backend.HAMI, False, problem, HAMI_FIX)
+    return Readiness(Backend.HAMI, True)
+
+
+def check_mps(
+    pipe_dir: str, control: Sequence[str] = ("nvidia-cuda-mps-control",), timeout_s: float = 5.0
+) -> Readiness:
+    """Ask the control daemon for its server list through its pipe directory."""
+    fix = MPS_FIX.format(pipe=pipe_dir)
+    if not os.path.isdir(pipe_dir):
+        return Readiness(Backend.MPS, False,
+                         f"the MPS pipe directory {pipe_dir} does not exist", fix)
+    env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=pipe_dir)
+    try:
+        r = subprocess.run(list(control), input="get_server_list\n", capture_output=True,
+                           text=True, timeout=timeout_s, env=env)
+    except FileNotFoundError:
+        return Readiness(Backend.MPS, False,
+                         f"{control[0]} is not installed where the agent runs", fix)
+    except subprocess.TimeoutExpired:
+        return Readiness(Backend.MPS, False,
+                         f"the MPS control daemon did not answer on {pipe_dir} within "
+                         f"{timeout_s:.0f}s", fix)
+    except OSError as e:
+        return Readiness(Backend.MPS, False, f"{control[0]} could not be run ({e})", fix)
+    if r.returncode != 0:
+        out = (r.stderr or r.stdout or "").strip().splitlines()
+        detail = out[-1] if out else f"exit status {r.returncode}"
+        return Readiness(Backend.MPS, False,
+                         f"the MPS control daemon does not answer on {pipe_dir} ({detail})", fix)
+    return Readiness(Backend.MPS, True)
