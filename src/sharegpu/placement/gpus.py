@@ -6,10 +6,17 @@ fewest pods), ``topology`` (whole cards: the best-connected set given the node's
 A policy may also hand over its own ordering of GPUs. Multi-container pods are assigned
 container by container on a scratch copy of the node's row, so containers of one pod can share a
 GPU and the per-GPU rules hold for their sum.
+
+:func:`assign` is complete: it first takes, container by container, the strategy's best GPUs
+(the greedy choice), and when that dead-ends it searches every choice, in the strategy's order,
+for one that fits all containers. So ``assign`` finds GPUs exactly when some assignment exists,
+whatever the strategy — the scheduler's filter (:meth:`ClusterState.feasible`) and its GPU choice
+(``Policy.select``) are one decision.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import numpy as np
@@ -66,23 +73,106 @@ def assign(
     links = spec.links if spec is not None else None
     mem: dict[int, dict[int, int]] = {}
     cores: dict[int, dict[int, int]] = {}
+    start = (free.copy(), core.copy(), pods.copy())
     for c in req.containers:
         chosen = _choose(state, c, free, total, core, pods, touched, order, strategy, links, prefer)
         if chosen is None:
-            return None
-        for gpu in chosen:
-            use = int(total[gpu]) if c.whole else c.gpu_mem
-            free[gpu] -= use
-            core[gpu] -= names.CORE_PER_GPU if c.whole else c.gpu_core
-            if not touched[gpu]:
-                pods[gpu] += 1
-                touched[gpu] = True
+            if prefer or len(req.containers) == 1:
+                return None  # one container: the greedy choice is exact; prefer: as asked
+            found = _search(state, req, total, *start, order)
+            if found is None:
+                return None
+            return _allocation(req, found, total)
+        _take(c, chosen, free, total, core, pods, touched)
         mem[c.index] = {int(gpu): (int(total[gpu]) if c.whole else c.gpu_mem) for gpu in chosen}
         if c.gpu_core or c.whole:
             cores[c.index] = {
                 int(gpu): names.CORE_PER_GPU if c.whole else c.gpu_core for gpu in chosen
             }
     return Allocation(mem=mem, core=cores)
+
+
+def _take(
+    c: ContainerRequest,
+    chosen: tuple[int, ...],
+    free: np.ndarray,
+    total: np.ndarray,
+    core: np.ndarray,
+    pods: np.ndarray,
+    touched: np.ndarray,
+) -> None:
+    for gpu in chosen:
+        free[gpu] -= int(total[gpu]) if c.whole else c.gpu_mem
+        core[gpu] -= names.CORE_PER_GPU if c.whole else c.gpu_core
+        if not touched[gpu]:
+            pods[gpu] += 1
+            touched[gpu] = True
+
+
+def _allocation(
+    req: PodRequest, chosen: dict[int, tuple[int, ...]], total: np.ndarray
+) -> Allocation:
+    mem: dict[int, dict[int, int]] = {}
+    cores: dict[int, dict[int, int]] = {}
+    for c in req.containers:
+        gpus = chosen[c.index]
+        mem[c.index] = {int(g): (int(total[g]) if c.whole else c.gpu_mem) for g in gpus}
+        if c.gpu_core or c.whole:
+            cores[c.index] = {int(g): names.CORE_PER_GPU if c.whole else c.gpu_core for g in gpus}
+    return Allocation(mem=mem, core=cores)
+
+
+def _fits(
+    state: ClusterState, c: ContainerRequest, free: np.ndarray, total: np.ndarray,
+    core: np.ndarray, pods: np.ndarray, touched: np.ndarray,
+) -> np.ndarray:
+    if c.whole:
+        return (pods == 0) & (free == total) & ~touched
+    ok = (free >= c.gpu_mem) & (pods + ~touched < state.max_pods_per_gpu + 1)
+    if c.gpu_core:
+        ok &= core >= c.gpu_core
+    return ok
+
+
+def _search(
+    state: ClusterState,
+    req: PodRequest,
+    total: np.ndarray,
+    free: np.ndarray,
+    core: np.ndarray,
+    pods: np.ndarray,
+    order: Order,
+) -> dict[int, tuple[int, ...]] | None:
+    """Every choice of GPUs for the containers, each container's candidates in the strategy's
+    order, until one fits them all; ``None`` when none does. Dead ends are remembered by the
+    node's remaining row, so a row is explored once per container."""
+    containers = list(req.containers)
+    touched = np.zeros(len(free), dtype=bool)
+    dead: set[tuple[int, bytes, bytes, bytes, bytes]] = set()
+
+    def rec(i: int) -> dict[int, tuple[int, ...]] | None:
+        if i == len(containers):
+            return {}
+        key = (i, free.tobytes(), core.tobytes(), pods.tobytes(), touched.tobytes())
+        if key in dead:
+            return None
+        c = containers[i]
+        idx = np.flatnonzero(_fits(state, c, free, total, core, pods, touched))
+        if len(idx) >= c.gpus:
+            after = free - (0 if c.whole else c.gpu_mem)
+            ranked = [int(x) for x in order(after, pods, idx)]
+            for combo in itertools.combinations(ranked, c.gpus):
+                saved = (free.copy(), core.copy(), pods.copy(), touched.copy())
+                _take(c, combo, free, total, core, pods, touched)
+                rest = rec(i + 1)
+                free[:], core[:], pods[:], touched[:] = saved
+                if rest is not None:
+                    rest[c.index] = tuple(sorted(combo))
+                    return rest
+        dead.add(key)
+        return None
+
+    return rec(0)
 
 
 def _choose(
@@ -98,12 +188,7 @@ def _choose(
     links: np.ndarray | None,
     prefer: dict[int, tuple[int, ...]] | None,
 ) -> tuple[int, ...] | None:
-    if c.whole:
-        ok = (pods == 0) & (free == total) & ~touched
-    else:
-        ok = (free >= c.gpu_mem) & (pods + ~touched < state.max_pods_per_gpu + 1)
-        if c.gpu_core:
-            ok &= core >= c.gpu_core
+    ok = _fits(state, c, free, total, core, pods, touched)
     if prefer and c.index in prefer:
         want = prefer[c.index]
         if len(set(want)) == c.gpus and all(0 <= x < len(ok) and ok[x] for x in want):
