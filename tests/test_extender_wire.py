@@ -122,3 +122,29 @@ def test_names_json_and_the_prioritize_body_expected_after_a_filter() -> None:
                   b'{"Pod":{},"NodeNames":["a"]} '):  # trailing space
         assert wire.prioritize_body(other, b'["a"]') is None
 
+
+
+def test_no_percent_sign_reaches_kube_scheduler():
+    """kube-scheduler formats the extender's Error (fmt.Errorf) and the per-node reasons (the
+    event's format string): a bare % would show as %!o(MISSING). Reasons say "percent"."""
+    from sharegpu.extender.wire import (
+        binding_result,
+        error_filter_result,
+        filter_result,
+        filter_result_json,
+        go_safe,
+        parse_args,
+    )
+
+    assert go_safe("needs 10% on 1 GPU") == "needs 10 percent on 1 GPU"
+    assert go_safe("100 %") == "100 percent"
+    assert go_safe("plain") == "plain"
+    args = parse_args({"Pod": {"metadata": {"name": "p"}}, "NodeNames": ["a", "b"]})
+    failed = {"b": "insufficient GPU compute: needs 30% on 1 GPU(s)"}
+    for body in (json.dumps(filter_result(args, ["a"], failed, {}, "x 5%")).encode(),
+                 filter_result_json(args, ["a"], failed, {}),
+                 json.dumps(error_filter_result("50% bad")).encode(),
+                 json.dumps(binding_result("GPU 0 has 40% compute free")).encode()):
+        assert b"%" not in body
+    out = json.loads(filter_result_json(args, ["a"], failed, {}))
+    assert out["FailedNodes"]["b"] == "insufficient GPU compute: needs 30 percent on 1 GPU(s)"

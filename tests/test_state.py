@@ -46,7 +46,7 @@ def test_over_commit_of_memory_refused_and_state_unchanged():
 def test_over_commit_of_compute_refused():
     s = ClusterState([NodeSpec("n1", [15], mode=Mode.CORE_MEM)])
     s.reserve(req("a", mem=1, core=60), "n1", Allocation(mem={0: {0: 1}}, core={0: {0: 60}}))
-    with pytest.raises(PlacementError, match="40% compute free, 50% asked"):
+    with pytest.raises(PlacementError, match="40 percent compute free, 50 percent asked"):
         s.reserve(req("b", mem=1, core=50), "n1", Allocation(mem={0: {0: 1}}, core={0: {0: 50}}))
 
 

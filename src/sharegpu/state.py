@@ -347,7 +347,8 @@ class ClusterState:
                     .sum()
                 )
                 if by_core < c.gpus:
-                    return f"insufficient GPU compute: needs {c.gpu_core}% on {c.gpus} GPU(s)"
+                    return (f"insufficient GPU compute: needs {c.gpu_core} percent on "
+                            f"{c.gpus} GPU(s)")
             fits = int(self.gpu_fits(c, row).sum())
             if fits < c.gpus:
                 return f"GPUs with room hold {self.max_pods_per_gpu} pods already (per-GPU limit)"
@@ -387,8 +388,8 @@ class ClusterState:
                 )
             if core.get(gpu, 0) > self.core_free[i, gpu]:
                 raise PlacementError(
-                    f"{req.key} on {spec.name}: GPU {gpu} has {int(self.core_free[i, gpu])}% "
-                    f"compute free, {core.get(gpu, 0)}% asked"
+                    f"{req.key} on {spec.name}: GPU {gpu} has {int(self.core_free[i, gpu])} "
+                    f"percent compute free, {core.get(gpu, 0)} percent asked"
                 )
             if self.gpu_pods[i, gpu] + pods.get(gpu, 0) > self.max_pods_per_gpu:
                 raise PlacementError(

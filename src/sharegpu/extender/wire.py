@@ -103,6 +103,19 @@ def parse_binding(body: Any) -> BindingArgs:
     return BindingArgs(out["PodName"], out["PodNamespace"], out["PodUID"], out["Node"])
 
 
+def go_safe(text: str) -> str:
+    """``text`` without ``%``: kube-scheduler hands an extender's ``Error`` to ``fmt.Errorf``
+    and the per-node reasons to an event's format string, where ``%`` starts a verb
+    (``needs 10% on`` would read ``needs 10%!o(MISSING)n``). So it is written out."""
+    if "%" not in text:
+        return text
+    return text.replace("%", " percent").replace("  percent", " percent")
+
+
+def _safe_reasons(reasons: Mapping[str, str]) -> dict[str, str]:
+    return {k: go_safe(v) for k, v in reasons.items()}
+
+
 def filter_result(
     args: ExtenderArgs,
     passed: Sequence[str],
@@ -114,9 +127,9 @@ def filter_result(
     out: dict[str, Any] = {
         "Nodes": None,
         "NodeNames": None,
-        "FailedNodes": dict(failed),
-        "FailedAndUnresolvableNodes": dict(unresolvable),
-        "Error": error,
+        "FailedNodes": _safe_reasons(failed),
+        "FailedAndUnresolvableNodes": _safe_reasons(unresolvable),
+        "Error": go_safe(error),
     }
     if args.nodes is None:
         out["NodeNames"] = list(passed)
@@ -146,6 +159,9 @@ def filter_result_json(
         return _dumps(filter_result(args, passed, failed, unresolvable))
     rest = _dumps({"FailedNodes": dict(failed),
                    "FailedAndUnresolvableNodes": dict(unresolvable), "Error": ""})
+    if b"%" in rest:  # rare: one scan of the bytes keeps the common answer fast
+        rest = _dumps({"FailedNodes": _safe_reasons(failed),
+                       "FailedAndUnresolvableNodes": _safe_reasons(unresolvable), "Error": ""})
     return b'{"Nodes":null,"NodeNames":' + names + b"," + rest[1:]
 
 
@@ -179,7 +195,7 @@ def _dumps(data: Any) -> bytes:
 
 def error_filter_result(message: str) -> dict[str, Any]:
     return {"Nodes": None, "NodeNames": None, "FailedNodes": {},
-            "FailedAndUnresolvableNodes": {}, "Error": message}
+            "FailedAndUnresolvableNodes": {}, "Error": go_safe(message)}
 
 
 def priority_list(scores: Mapping[str, int]) -> list[dict[str, Any]]:
@@ -216,4 +232,4 @@ def priority_list_json(scores: Mapping[str, int]) -> bytes:
 
 
 def binding_result(error: str = "") -> dict[str, str]:
-    return {"Error": error}
+    return {"Error": go_safe(error)}
