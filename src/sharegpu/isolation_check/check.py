@@ -1,0 +1,627 @@
+"""The scenarios of ``sharegpu isolation-check``, their tolerances and the pass/fail decisions.
+
+The decisions (``decide_*``) are pure functions over what the probes measured; ``run_check``
+starts the probes (:mod:`.probe`) with the environment the node agent's Allocate returns for the
+request (:func:`sharegpu.agent.isolation.isolation_env`), translated to host paths.
+
+Memory, in MiB, with ``limit`` the request's GiB x 1024 (a limit larger than the GPU, as a
+whole-card request on a card ACK rounds up, adds a failing ``limit fits the GPU`` row):
+
+1. ``memory seen``: the total the probe sees (``cuMemGetInfo_v2``) equals the limit (±1 %).
+   MPS reports the device's total and shows the limit in ``free``, so for ``mps`` it is
+   ``free`` at start plus the probe's own context (measured without the limits).
+2. ``all of the limit reachable``: the largest allocation that succeeds plus what the probe used
+   at start equals the limit (±1 %): all of it can be had, and no more.
+3. ``allocation past the limit``: 1 MiB more than the largest fails with
+   CUDA_ERROR_OUT_OF_MEMORY, and ``survives``: after freeing, 1 MiB can be had again.
+4. two processes of one container: while A holds about half the limit, B sees ``free`` = limit -
+   A's usage - B's own context (±1 %), and ``A + B`` at B's largest stays within the limit (+1 %).
+
+Compute (only with ``--core P``, P < 100): pods with P % and 100-P % spin a kernel on one GPU at
+the same time; the first's share of the kernels completed is P (±5 points).
+
+``--compare``: kernel launches and allocations+frees per second with the library (memory limit,
+no compute cap) over the same without it: ratios, no target.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ShareGpuError, ValidationError
+
+MIB = 1 << 20
+MEM_TOLERANCE = 0.01  # of the limit
+SHARE_TOLERANCE_POINTS = 5.0
+CUDA_ERROR_OUT_OF_MEMORY = 2
+CUDA_ERROR_NO_DEVICE = 100
+CUDA_ERROR_INVALID_DEVICE = 101
+OOM_NAME = "CUDA_ERROR_OUT_OF_MEMORY"
+PROBE_MODULE = "sharegpu.isolation_check.probe"
+# Variables of the operator's shell that would change what a probe sees: the request's own are
+# set from the agent's code, the rest are dropped.
+ISOLATION_VARS = ("LD_PRELOAD", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
+                  "CUDA_DEVICE_ORDER", "CUDA_DEVICE_SM_LIMIT", "GPU_CORE_UTILIZATION_POLICY",
+                  "CUDA_DEVICE_MEMORY_SHARED_CACHE", "CUDA_MPS_PIPE_DIRECTORY",
+                  "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+
+
+class CheckError(ShareGpuError):
+    """The probes cannot run at all (exit code 2)."""
+
+
+@dataclass(frozen=True)
+class Request:
+    backend: str  # "hami" | "mps"
+    mem_gib: int
+    core: int | None = None
+    gpu: int = 0
+    hami_library: str = "/usr/local/vgpu/libvgpu.so"
+    mps_pipe_dir: str = "/run/nvidia/mps"
+    compute_policy: int = 5
+    seconds: float = 5.0
+    compare: bool = False
+    cuda_library: str = "libcuda.so.1"
+
+    @property
+    def limit_mib(self) -> int:
+        return self.mem_gib * 1024
+
+
+@dataclass
+class Check:
+    key: str
+    name: str
+    asked: Any
+    measured: Any
+    tolerance: str
+    ok: bool | None  # None: reported, no target
+    unit: str = ""
+    note: str = ""
+
+
+@dataclass
+class Report:
+    request: Request
+    gpu: dict[str, Any] = field(default_factory=dict)
+    checks: list[Check] = field(default_factory=list)
+    compare: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return overall_ok(self.checks)
+
+    def to_json(self) -> dict[str, Any]:
+        req = asdict(self.request)
+        req["limit_mib"] = self.request.limit_mib
+        return {
+            "request": req,
+            "gpu": self.gpu,
+            "env": self.env,
+            "checks": [asdict(c) for c in self.checks],
+            "compare": self.compare,
+            "ok": self.ok,
+        }
+
+
+# ---- the decisions (pure) ----
+
+
+def mem_tolerance_mib(limit_mib: float) -> float:
+    return limit_mib * MEM_TOLERANCE
+
+
+def _mib(x: float) -> float:
+    return round(float(x), 1)
+
+
+def _tol_text(limit_mib: float) -> str:
+    return f"±1 % (±{mem_tolerance_mib(limit_mib):.0f} MiB)"
+
+
+def decide_fits(limit_mib: float, gpu_mib: float) -> Check:
+    """The limit must fit the GPU (±1 %): a 15,109 MiB T4 is a 15 GiB card to the scheduler, but
+    15,360 MiB of it cannot be had."""
+    ok = limit_mib <= gpu_mib + mem_tolerance_mib(limit_mib)
+    return Check("mem.fits", "limit fits the GPU", limit_mib, _mib(gpu_mib),
+                 f"GPU at least the limit -1 % (-{mem_tolerance_mib(limit_mib):.0f} MiB)", ok,
+                 "MiB", "" if ok else "the GPU has less memory than the limit: the rest of the "
+                 "limit cannot be had, whatever the back-end does")
+
+
+def decide_seen(limit_mib: float, seen_mib: float, *, note: str = "") -> Check:
+    ok = abs(seen_mib - limit_mib) <= mem_tolerance_mib(limit_mib)
+    return Check("mem.seen", "memory seen", limit_mib, _mib(seen_mib), _tol_text(limit_mib), ok,
+                 "MiB", note)
+
+
+def decide_reachable(limit_mib: float, largest_mib: float, used_at_start_mib: float) -> Check:
+    got = largest_mib + used_at_start_mib
+    ok = abs(got - limit_mib) <= mem_tolerance_mib(limit_mib)
+    return Check("mem.reachable", "limit reachable", limit_mib, _mib(got),
+                 _tol_text(limit_mib), ok, "MiB",
+                 f"largest allocation {largest_mib:.0f} MiB + {used_at_start_mib:.1f} MiB used "
+                 "at start")
+
+
+def decide_past_limit(single_code: int | None, past_code: int | None,
+                      names: Mapping[int, str] | None = None) -> Check:
+    """Both the allocation of largest + 1 MiB and 1 MiB more while holding the largest must fail
+    with CUDA_ERROR_OUT_OF_MEMORY."""
+    names = names or {}
+    codes = [single_code, past_code]
+    ok = all(c == CUDA_ERROR_OUT_OF_MEMORY for c in codes)
+    if ok:
+        measured = OOM_NAME
+    else:
+        bad = next(c for c in codes if c != CUDA_ERROR_OUT_OF_MEMORY)
+        measured = ("not tried" if bad is None else
+                    "succeeded" if bad == 0 else names.get(bad, f"CUDA error {bad}"))
+    return Check("mem.past", "past the limit", OOM_NAME, measured, "exact", ok, "",
+                 "largest + 1 MiB, and 1 MiB more while holding the largest")
+
+
+def decide_survives(after_code: int | None, names: Mapping[int, str] | None = None) -> Check:
+    ok = after_code == 0
+    measured = ("1 MiB allocated" if ok else
+                "not tried" if after_code is None else
+                (names or {}).get(after_code, f"CUDA error {after_code}"))
+    return Check("mem.survives", "survives", "1 MiB allocated", measured,
+                 "exact", ok)
+
+
+def decide_shared_free(limit_mib: float, a_used_mib: float, b_own_mib: float,
+                       b_free_mib: float) -> Check:
+    asked = limit_mib - a_used_mib - b_own_mib
+    ok = abs(b_free_mib - asked) <= mem_tolerance_mib(limit_mib)
+    return Check("shared.free", "shared: free", _mib(asked), _mib(b_free_mib),
+                 _tol_text(limit_mib), ok, "MiB",
+                 f"limit - A's {a_used_mib:.0f} MiB - B's own {b_own_mib:.1f} MiB")
+
+
+def decide_shared_sum(limit_mib: float, a_used_mib: float, b_own_mib: float,
+                      b_largest_mib: float) -> Check:
+    got = a_used_mib + b_own_mib + b_largest_mib
+    ok = got <= limit_mib + mem_tolerance_mib(limit_mib)
+    return Check("shared.sum", "shared: sum", limit_mib, _mib(got),
+                 f"at most +1 % (+{mem_tolerance_mib(limit_mib):.0f} MiB)", ok, "MiB",
+                 f"A {a_used_mib:.0f} + B's own {b_own_mib:.1f} + B's largest "
+                 f"{b_largest_mib:.0f} MiB")
+
+
+def share_percent(a: float, b: float) -> float | None:
+    return None if a + b <= 0 else 100.0 * a / (a + b)
+
+
+def decide_share(core: int, a_kernels: float, b_kernels: float) -> Check:
+    share = share_percent(a_kernels, b_kernels)
+    ok = share is not None and abs(share - core) <= SHARE_TOLERANCE_POINTS
+    return Check("compute.share", "compute share", core,
+                 None if share is None else round(share, 1), "±5 points", ok, "%",
+                 f"{a_kernels:.0f} kernels at {core} % vs {b_kernels:.0f} at {100 - core} %")
+
+
+def ratio(with_lib: float, without: float) -> float | None:
+    return None if without <= 0 else with_lib / without
+
+
+def decide_ratio(key: str, name: str, with_lib: float, without: float, unit: str) -> Check:
+    r = ratio(with_lib, without)
+    return Check(key, name, "—", None if r is None else round(r, 3), "no target", None, "×",
+                 f"{with_lib:,.0f} vs {without:,.0f} {unit} without the limits")
+
+
+def probe_failed(key: str, name: str, asked: Any, error: str, unit: str = "") -> Check:
+    return Check(key, name, asked, "probe failed", "", False, unit, error)
+
+
+def overall_ok(checks: Sequence[Check]) -> bool:
+    return bool(checks) and all(c.ok is not False for c in checks)
+
+
+# ---- the environment ----
+
+
+def host_env(envs: Mapping[str, str], mounts: Sequence[Any]) -> dict[str, str]:
+    """``envs`` with every container path that a mount brings in replaced by its host path.
+
+    ``mounts`` have ``container_path`` and ``host_path``; a path is replaced where it is a whole
+    path or a prefix of one (``/tmp/x`` in ``/tmp/x/y.cache``, not in ``/tmp/xy``), anywhere in a
+    value (lists such as ``a:b`` too); the longest container path wins.
+    """
+    order = sorted(mounts, key=lambda m: len(m.container_path.rstrip("/")), reverse=True)
+    out = {}
+    for name, value in envs.items():
+        out[name] = _translate(value, order)
+    return out
+
+
+_SEPARATORS = " :,;="
+
+
+def _translate(value: str, mounts: Sequence[Any]) -> str:
+    i, res = 0, []
+    while i < len(value):
+        if i == 0 or value[i - 1] in _SEPARATORS:
+            for m in mounts:
+                c = m.container_path.rstrip("/") or "/"
+                if value.startswith(c, i):
+                    j = i + len(c)
+                    if j == len(value) or value[j] == "/" or value[j] in _SEPARATORS:
+                        res.append(m.host_path.rstrip("/") or "/")
+                        i = j
+                        break
+            else:
+                res.append(value[i])
+                i += 1
+            continue
+        res.append(value[i])
+        i += 1
+    return "".join(res)
+
+
+def clean_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The caller's environment without any isolation variable (so the baseline is bare)."""
+    env = dict(os.environ if base is None else base)
+    for k in list(env):
+        if k in ISOLATION_VARS or k.startswith("CUDA_DEVICE_MEMORY_LIMIT"):
+            del env[k]
+    src = str(Path(__file__).resolve().parents[2])  # the folder holding the sharegpu package
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+# ---- the probes ----
+
+
+@dataclass
+class ProbeResult:
+    ok: bool
+    data: dict[str, Any]
+    error: str = ""
+    kind: str = ""
+
+
+def _last_json(text: str) -> dict[str, Any] | None:
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+    return None
+
+
+def _probe_cmd(action: str, args: Sequence[str], library: str) -> list[str]:
+    return [sys.executable, "-m", PROBE_MODULE, action, "--library", library, *args]
+
+
+def _result(rc: int, out: str, err: str) -> ProbeResult:
+    data = _last_json(out)
+    if data is None:
+        tail = (err.strip().splitlines() or [f"exit code {rc}, no output"])[-1]
+        return ProbeResult(False, {}, f"probe exited with code {rc}: {tail}", "crash")
+    if "error" in data:
+        return ProbeResult(False, data, str(data["error"]), str(data.get("kind", "")))
+    return ProbeResult(rc == 0, data, "" if rc == 0 else f"probe exited with code {rc}")
+
+
+class Runner:
+    """Starts probes; every process it starts is ended when it closes."""
+
+    def __init__(self, library: str, timeout: float) -> None:
+        self.library = library
+        self.timeout = timeout
+        self.procs: list[subprocess.Popen] = []
+
+    def run(self, action: str, env: Mapping[str, str], *args: str,
+            timeout: float | None = None) -> ProbeResult:
+        try:
+            r = subprocess.run(_probe_cmd(action, args, self.library), env=dict(env),
+                               capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                               timeout=timeout or self.timeout)
+        except subprocess.TimeoutExpired:
+            return ProbeResult(False, {}, f"probe {action} timed out", "timeout")
+        except OSError as e:
+            raise CheckError(f"cannot start the probe ({sys.executable}): {e}") from None
+        return _result(r.returncode, r.stdout, r.stderr)
+
+    def start(self, action: str, env: Mapping[str, str], *args: str) -> subprocess.Popen:
+        try:
+            p = subprocess.Popen(_probe_cmd(action, args, self.library), env=dict(env),
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, bufsize=1)
+        except OSError as e:
+            raise CheckError(f"cannot start the probe ({sys.executable}): {e}") from None
+        self.procs.append(p)
+        return p
+
+    @staticmethod
+    def ready(p: subprocess.Popen, timeout: float) -> ProbeResult:
+        """The probe's first line: ``{"ready": true, ...}`` or its error."""
+        deadline = time.monotonic() + timeout
+        assert p.stdout is not None
+        while time.monotonic() < deadline:
+            r, _, _ = select.select([p.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            if not r:
+                break
+            line = p.stdout.readline()
+            if not line:
+                break
+            data = _last_json(line)
+            if data is None:
+                continue
+            if data.get("ready"):
+                return ProbeResult(True, data)
+            return ProbeResult(False, data, str(data.get("error", "probe not ready")),
+                               str(data.get("kind", "")))
+        if p.poll() is None:
+            return ProbeResult(False, {}, "probe did not get ready in time", "timeout")
+        err = p.stderr.read() if p.stderr else ""
+        return _result(p.wait(), "", err)
+
+    def finish(self, p: subprocess.Popen, timeout: float) -> ProbeResult:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+            return ProbeResult(False, {}, "probe timed out", "timeout")
+        return _result(p.returncode, out, err)
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.communicate(timeout=5)
+        self.procs.clear()
+
+
+# ---- the scenarios ----
+
+
+def _gpu_gib(total_mib: int) -> int:
+    from ..agent.nvml import Gpu
+
+    return Gpu(0, "", "", total_mib).mem_gib
+
+
+def baseline_info(runner: Runner, req: Request, env: Mapping[str, str]) -> dict[str, Any]:
+    r = runner.run("info", env)
+    if r.ok:
+        return r.data
+    if r.kind == "library":
+        raise CheckError(
+            f"cannot load {req.cuda_library} ({r.error.split(': ', 1)[-1]}): the probes need the "
+            "NVIDIA driver's CUDA library; run this on a GPU node with the driver installed, or "
+            f"add the folder holding {req.cuda_library} to LD_LIBRARY_PATH"
+        )
+    if r.kind == "cuda" and r.data.get("code") in (CUDA_ERROR_NO_DEVICE, CUDA_ERROR_INVALID_DEVICE):
+        raise ValidationError("--gpu", req.gpu, f"no such GPU on this node ({r.error})")
+    if r.kind == "cuda":
+        raise CheckError(f"GPU {req.gpu} cannot be used (--gpu={req.gpu}): {r.error}")
+    raise CheckError(f"the probe cannot run on GPU {req.gpu}: {r.error}")
+
+
+def _names(*datas: Mapping[str, Any]) -> dict[int, str]:
+    out: dict[int, str] = {}
+    for d in datas:
+        for code_key, name_key in (("past_single_code", "past_single_name"),
+                                   ("past_code", "past_name"), ("after_code", "after_name")):
+            if d.get(code_key) is not None and d.get(name_key):
+                out[int(d[code_key])] = str(d[name_key])
+    return out
+
+
+def mem_checks(req: Request, data: Mapping[str, Any], own_mib: float | None) -> list[Check]:
+    """Checks 1-3 from a ``mem`` probe; ``own_mib`` is the probe's own usage at start where the
+    back-end does not show it (mps), ``None`` where total - free is it (hami)."""
+    limit = req.limit_mib
+    total = data["total_bytes"] / MIB
+    free = data["free_bytes"] / MIB
+    used = total - free if own_mib is None else own_mib
+    names = _names(data)
+    note = "" if own_mib is None else (
+        f"free at start + own context {own_mib:.1f} MiB (MPS shows the device's total; the "
+        "context is taken as the GPU's used memory without limits, so run on an idle GPU)")
+    return [
+        decide_seen(limit, total if own_mib is None else free + own_mib, note=note),
+        decide_reachable(limit, data["largest_mib"], used),
+        decide_past_limit(data.get("past_single_code"), data.get("past_code"), names),
+        decide_survives(data.get("after_code"), names),
+    ]
+
+
+def run_check(req: Request, *, base_env: Mapping[str, str] | None = None,
+              progress: Any = None) -> Report:
+    """Runs every scenario of ``req``; raises :class:`CheckError` when the probes cannot run."""
+    from ..agent.isolation import Backend, ComputePolicy, IsolationConfig, isolation_env
+
+    say = progress or (lambda _msg: None)
+    backend = Backend(req.backend)
+    base = clean_env(base_env)
+    bare = {**base, "CUDA_VISIBLE_DEVICES": str(req.gpu)}
+    timeout = 120.0 + 3 * req.seconds
+    runner = Runner(req.cuda_library, timeout)
+    report = Report(req)
+    try:
+        say("probing the GPU without limits")
+        info = baseline_info(runner, req, bare)
+        gpu_mib = int(info["total_mib"])
+        report.gpu = {
+            "index": req.gpu, "name": info["name"], "total_mib": gpu_mib,
+            "total_bytes": info["total_bytes"], "multiprocessors": info["multiprocessors"],
+            "driver_version": info["driver_version"],
+            "used_without_limits_mib": round(
+                (info["ctx_total_bytes"] - info["ctx_free_bytes"]) / MIB, 1),
+        }
+        gib = _gpu_gib(gpu_mib)
+        if req.mem_gib > gib:
+            raise ValidationError("--mem", req.mem_gib,
+                                  f"must be at most the GPU's {gib} GiB ({gpu_mib} MiB)")
+        ctx_mib = (info["ctx_total_bytes"] - info["ctx_free_bytes"]) / MIB
+        with tempfile.TemporaryDirectory(prefix="sharegpu-isolation-check-") as tmp:
+            cfg = IsolationConfig(
+                hami_library=req.hami_library, hami_cache_dir=f"{tmp}/cache",
+                hami_lock_dir=f"{tmp}/lock", mps_pipe_dir=req.mps_pipe_dir,
+                compute_policy=ComputePolicy(req.compute_policy),
+            )
+            run_id = uuid.uuid4().hex[:8]
+
+            def container(name: str, core: int | None, config: IsolationConfig = cfg
+                          ) -> dict[str, str]:
+                ce = isolation_env(backend, mem={req.gpu: req.mem_gib},
+                                   core={req.gpu: core} if core else {},
+                                   pod_uid=f"isolation-check-{run_id}-{name}", config=config,
+                                   gpu_mem={req.gpu: gib})
+                for m in ce.mounts:
+                    if m.host_path.startswith(tmp):
+                        Path(m.host_path).mkdir(parents=True, exist_ok=True)
+                env = host_env(ce.envs, ce.mounts)
+                return {**base, **env, "CUDA_VISIBLE_DEVICES": str(req.gpu)}
+
+            own = None if backend is Backend.HAMI else ctx_mib
+            upper = ["--upper-mib", str(gpu_mib)]
+            env1 = container("mem", req.core)
+            report.env = {k: v for k, v in env1.items() if base.get(k) != v}
+
+            fits = decide_fits(req.limit_mib, gpu_mib)
+            if not fits.ok:
+                report.checks.append(fits)
+            say("memory: limit, largest allocation, allocation past the limit")
+            r = runner.run("mem", env1, *upper)
+            single_own: float | None = None
+            if r.ok:
+                report.checks += mem_checks(req, r.data, own)
+                single_own = (r.data["total_bytes"] - r.data["free_bytes"]) / MIB \
+                    if own is None else own
+            else:
+                for key, name in (("mem.seen", "memory seen"),
+                                  ("mem.reachable", "limit reachable")):
+                    report.checks.append(probe_failed(key, name, req.limit_mib, r.error, "MiB"))
+
+            say("memory: two processes of one container")
+            report.checks += shared_checks(runner, req, container("shared", req.core), upper,
+                                           own, single_own, timeout)
+
+            if req.core is not None and req.core < 100:
+                say(f"compute: {req.core} % beside {100 - req.core} % for {req.seconds:g} s")
+                report.checks.append(compute_check(
+                    runner, req, container("compute-a", req.core),
+                    container("compute-b", 100 - req.core), timeout))
+
+            if req.compare:
+                say("comparing with the bare GPU")
+                plain = IsolationConfig(
+                    hami_library=cfg.hami_library, hami_cache_dir=cfg.hami_cache_dir,
+                    hami_lock_dir=cfg.hami_lock_dir, mps_pipe_dir=cfg.mps_pipe_dir,
+                    compute_policy=ComputePolicy.NATIVE,
+                )
+                checks, report.compare = compare_checks(
+                    runner, req, container("compare", None, plain), bare)
+                report.checks += checks
+    finally:
+        runner.close()
+    return report
+
+
+def shared_checks(runner: Runner, req: Request, env: Mapping[str, str], upper: list[str],
+                  own: float | None, single_own: float | None, timeout: float) -> list[Check]:
+    limit = req.limit_mib
+    hold_mib = limit // 2
+    a = runner.start("hold", env, "--mib", str(hold_mib), "--timeout", str(timeout))
+    try:
+        ready = runner.ready(a, timeout)
+        if not ready.ok:
+            return [probe_failed("shared.free", "shared: free", limit - hold_mib,
+                                 f"process A (hold {hold_mib} MiB): {ready.error}", "MiB")]
+        d = ready.data
+        # A's usage: everything it holds, its context included
+        a_used = (d["total_bytes"] - d["free_held_bytes"]) / MIB if own is None else own + hold_mib
+        b = runner.run("mem", env, *upper)
+    finally:
+        runner.finish(a, 30)  # closes A's stdin: it lets go and exits
+    if not b.ok:
+        return [probe_failed("shared.free", "shared: free", limit - a_used,
+                             f"process B: {b.error}", "MiB")]
+    b_free = b.data["free_bytes"] / MIB
+    # B's own usage at start: its context, as the single process measured it (hami shows the
+    # container's usage, A's included, as total - free)
+    b_own = single_own if single_own is not None else 0.0
+    checks = [
+        decide_shared_free(limit, a_used, b_own, b_free),
+        decide_shared_sum(limit, a_used, b_own, b.data["largest_mib"]),
+    ]
+    if req.backend == "mps":
+        for c in checks:
+            if c.ok is False:
+                c.note += ("; MPS holds each client process to CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, "
+                           "not the container: its processes together can use more")
+    return checks
+
+
+def compute_check(runner: Runner, req: Request, env_a: Mapping[str, str],
+                  env_b: Mapping[str, str], timeout: float) -> Check:
+    assert req.core is not None
+    settle = min(1.0, 0.2 * req.seconds)
+    args = ("--seconds", str(req.seconds), "--settle", f"{settle:g}", "--wait-go",
+            "--timeout", str(timeout))
+    procs = [runner.start("spin", env_a, *args), runner.start("spin", env_b, *args)]
+    for i, p in enumerate(procs):
+        ready = runner.ready(p, timeout)
+        if not ready.ok:
+            which = f"pod {'AB'[i]} ({req.core if i == 0 else 100 - req.core} %)"
+            return probe_failed("compute.share", "compute share", req.core,
+                                f"{which}: {ready.error}", "%")
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    results = [runner.finish(p, timeout + settle + req.seconds) for p in procs]
+    for i, r in enumerate(results):
+        if not r.ok:
+            return probe_failed("compute.share", "compute share", req.core,
+                                f"pod {'AB'[i]}: {r.error}", "%")
+    a, b = (r.data["kernels"] for r in results)
+    return decide_share(req.core, a, b)
+
+
+def compare_checks(runner: Runner, req: Request, env_lib: Mapping[str, str],
+                   bare: Mapping[str, str]) -> tuple[list[Check], dict[str, Any]]:
+    seconds = str(min(req.seconds, 2.0))
+    launch = ("--seconds", seconds, "--cycles", "0", "--blocks", "1")
+    alloc = ("--seconds", seconds, "--mib", "1")
+    out: dict[str, Any] = {}
+    checks: list[Check] = []
+    for key, name, action, args, field_, unit in (
+        ("compare.launch", "launch rate", "spin", launch, "rate", "launches/s"),
+        ("compare.alloc", "alloc rate", "allocspeed", alloc, "ops_per_s",
+         "allocs+frees/s"),
+    ):
+        without = runner.run(action, bare, *args)
+        with_lib = runner.run(action, env_lib, *args)
+        if not (without.ok and with_lib.ok):
+            err = with_lib.error or without.error
+            checks.append(Check(key, name, "—", "probe failed", "no target", None, "×", err))
+            out[key.split(".")[1]] = {"error": err}
+            continue
+        w, b = float(with_lib.data[field_]), float(without.data[field_])
+        checks.append(decide_ratio(key, name, w, b, unit))
+        out[key.split(".")[1]] = {"with_library": w, "baseline": b, "ratio": ratio(w, b),
+                                  "unit": unit}
+    return checks, out

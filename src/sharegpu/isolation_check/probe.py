@@ -1,0 +1,396 @@
+"""The probe of ``sharegpu isolation-check``: one CUDA process, driven through the driver API.
+
+Run as ``python -m sharegpu.isolation_check.probe ACTION [options]``; it prints JSON lines on
+stdout (the last one is the result) and exits 0, or prints ``{"error": ...}`` and exits 3.
+Only the standard library is used, so it starts fast and runs under any interposer.
+
+The driver is ``ctypes.CDLL("libcuda.so.1")`` and every function is looked up through that
+handle (``dlsym``), which is how CUDA interposers such as HAMi-core's ``libvgpu.so`` (preloaded
+with ``LD_PRELOAD``, overriding ``dlsym``) put their hooks in front of the driver.
+
+Actions:
+
+- ``info``: the device's name, total memory, multiprocessors and the driver version, and
+  ``cuMemGetInfo`` right after the context was made.
+- ``mem``: total/free at start, the largest allocation that succeeds (binary search, 1 MiB
+  steps, up to ``--upper-mib``), the allocation past it, and whether the process survives it.
+- ``hold``: allocate ``--mib`` MiB, print a ready line, hold it until stdin closes (or
+  ``--timeout``).
+- ``spin``: launch the busy-loop kernel and synchronize, over and over, for ``--seconds``
+  (after ``--settle`` seconds not counted); with ``--wait-go`` it prints a ready line first and
+  starts when a line arrives on stdin.
+- ``allocspeed``: allocate and free ``--mib`` MiB for ``--seconds``; allocs+frees per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import os
+import select
+import sys
+import time
+
+MIB = 1 << 20
+CUDA_SUCCESS = 0
+CUDA_ERROR_OUT_OF_MEMORY = 2
+ATTR_CLOCK_RATE = 13  # kHz
+ATTR_MULTIPROCESSOR_COUNT = 16
+ATTR_MAX_THREADS_PER_MULTIPROCESSOR = 39
+THREADS_PER_BLOCK = 128
+WAVES = 8  # a launch is this many waves of blocks filling every multiprocessor
+
+# A busy loop: each thread spins on its SM's cycle counter until ``cycles`` have passed.
+SPIN_PTX = b"""
+.version 6.0
+.target sm_50
+.address_size 64
+
+.visible .entry spin(
+    .param .u64 cycles
+)
+{
+    .reg .pred %p<2>;
+    .reg .b64 %rd<6>;
+
+    ld.param.u64 %rd1, [cycles];
+    mov.u64 %rd2, %clock64;
+SPIN_LOOP:
+    mov.u64 %rd3, %clock64;
+    sub.s64 %rd4, %rd3, %rd2;
+    setp.lt.u64 %p1, %rd4, %rd1;
+    @%p1 bra SPIN_LOOP;
+    ret;
+}
+\x00"""
+
+LIBRARY = "libcuda.so.1"
+
+
+class ProbeError(Exception):
+    def __init__(self, message: str, *, kind: str = "cuda", code: int | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.code = code
+
+
+def emit(obj: dict) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+class Cuda:
+    """The few driver functions the probe needs."""
+
+    def __init__(self, library: str = LIBRARY) -> None:
+        try:
+            self.lib = ctypes.CDLL(library)
+        except OSError as e:
+            raise ProbeError(f"cannot load {library}: {e}", kind="library") from None
+        lib = self.lib
+        u64, sz, i32 = ctypes.c_uint64, ctypes.c_size_t, ctypes.c_int
+        vp, cp = ctypes.c_void_p, ctypes.c_char_p
+        P = ctypes.POINTER
+        sigs = {
+            "cuInit": [ctypes.c_uint],
+            "cuDriverGetVersion": [P(i32)],
+            "cuDeviceGet": [P(i32), i32],
+            "cuDeviceGetName": [cp, i32, i32],
+            "cuDeviceTotalMem_v2": [P(sz), i32],
+            "cuDeviceGetAttribute": [P(i32), i32, i32],
+            "cuCtxCreate_v2": [P(vp), ctypes.c_uint, i32],
+            "cuCtxDestroy_v2": [vp],
+            "cuCtxSynchronize": [],
+            "cuMemGetInfo_v2": [P(sz), P(sz)],
+            "cuMemAlloc_v2": [P(u64), sz],
+            "cuMemFree_v2": [u64],
+            "cuModuleLoadData": [P(vp), cp],
+            "cuModuleGetFunction": [P(vp), vp, cp],
+            "cuLaunchKernel": [vp, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
+                               ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, vp, P(vp), P(vp)],
+            "cuGetErrorName": [i32, P(cp)],
+        }
+        self.fn = {}
+        for name, args in sigs.items():
+            try:
+                f = getattr(lib, name)  # dlsym through the handle: interposers hook here
+            except AttributeError:
+                raise ProbeError(f"{library} has no {name}", kind="library") from None
+            f.argtypes = args
+            f.restype = i32
+            self.fn[name] = f
+        self.ctx = ctypes.c_void_p()
+        self.dev = 0
+        self.ptrs: list[int] = []
+
+    def name_of(self, code: int) -> str:
+        s = ctypes.c_char_p()
+        if self.fn["cuGetErrorName"](code, ctypes.byref(s)) == CUDA_SUCCESS and s.value:
+            return s.value.decode(errors="replace")
+        return f"CUDA error {code}"
+
+    def call(self, name: str, *args) -> None:
+        rc = self.fn[name](*args)
+        if rc != CUDA_SUCCESS:
+            raise ProbeError(f"{name} failed: {self.name_of(rc)} ({rc})", code=rc)
+
+    def open(self, ordinal: int = 0) -> None:
+        self.call("cuInit", 0)
+        dev = ctypes.c_int()
+        self.call("cuDeviceGet", ctypes.byref(dev), ordinal)
+        self.dev = dev.value
+        self.call("cuCtxCreate_v2", ctypes.byref(self.ctx), 0, self.dev)
+
+    def close(self) -> None:
+        for p in self.ptrs:
+            self.fn["cuMemFree_v2"](p)
+        self.ptrs.clear()
+        if self.ctx.value:
+            self.fn["cuCtxDestroy_v2"](self.ctx)
+            self.ctx = ctypes.c_void_p()
+
+    def attribute(self, attr: int) -> int:
+        v = ctypes.c_int()
+        self.call("cuDeviceGetAttribute", ctypes.byref(v), attr, self.dev)
+        return v.value
+
+    def attribute_or(self, attr: int, default: int) -> int:
+        try:
+            return self.attribute(attr) or default
+        except ProbeError:
+            return default
+
+    def device_info(self) -> dict:
+        buf = ctypes.create_string_buffer(256)
+        self.call("cuDeviceGetName", buf, 256, self.dev)
+        total = ctypes.c_size_t()
+        self.call("cuDeviceTotalMem_v2", ctypes.byref(total), self.dev)
+        ver = ctypes.c_int()
+        self.call("cuDriverGetVersion", ctypes.byref(ver))
+        return {
+            "name": buf.value.decode(errors="replace"),
+            "total_bytes": total.value,
+            "total_mib": total.value // MIB,
+            "multiprocessors": self.attribute(ATTR_MULTIPROCESSOR_COUNT),
+            "driver_version": f"{ver.value // 1000}.{ver.value % 1000 // 10}",
+            "driver_version_int": ver.value,
+        }
+
+    def mem_info(self) -> tuple[int, int]:
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        self.call("cuMemGetInfo_v2", ctypes.byref(free), ctypes.byref(total))
+        return free.value, total.value
+
+    def try_alloc(self, nbytes: int) -> tuple[int, int]:
+        """(CUresult, device pointer)."""
+        ptr = ctypes.c_uint64()
+        rc = self.fn["cuMemAlloc_v2"](ctypes.byref(ptr), nbytes)
+        return rc, ptr.value
+
+    def free(self, ptr: int) -> None:
+        self.call("cuMemFree_v2", ctypes.c_uint64(ptr))
+
+    def fits(self, mib: int) -> bool:
+        """Whether ``mib`` MiB can be allocated now (freed again at once)."""
+        if mib <= 0:
+            return True
+        rc, ptr = self.try_alloc(mib * MIB)
+        if rc == CUDA_SUCCESS:
+            self.free(ptr)
+            return True
+        if rc == CUDA_ERROR_OUT_OF_MEMORY:
+            return False
+        raise ProbeError(f"cuMemAlloc_v2({mib} MiB) failed: {self.name_of(rc)} ({rc})", code=rc)
+
+
+class Kernel:
+    def __init__(self, cuda: Cuda) -> None:
+        self.cuda = cuda
+        self.module = ctypes.c_void_p()
+        cuda.call("cuModuleLoadData", ctypes.byref(self.module), SPIN_PTX)
+        self.func = ctypes.c_void_p()
+        cuda.call("cuModuleGetFunction", ctypes.byref(self.func), self.module, b"spin")
+        sms = cuda.attribute(ATTR_MULTIPROCESSOR_COUNT)
+        threads = cuda.attribute_or(ATTR_MAX_THREADS_PER_MULTIPROCESSOR, 2048)
+        self.clock_khz = cuda.attribute_or(ATTR_CLOCK_RATE, 1_000_000)
+        # a grid that fills every multiprocessor WAVES times over: a process held to a part of
+        # the SMs (MPS) needs more waves, and so more time, for one launch
+        self.per_wave = sms * max(1, threads // THREADS_PER_BLOCK)
+        self.cycles = ctypes.c_uint64(0)
+        self.arg = ctypes.cast(ctypes.pointer(self.cycles), ctypes.c_void_p)
+        self.params = (ctypes.c_void_p * 1)(self.arg)
+
+    def cycles_for(self, kernel_ms: float) -> int:
+        return max(0, int(self.clock_khz * kernel_ms / WAVES))
+
+    def launch(self, cycles: int, blocks: int) -> None:
+        self.cycles.value = cycles
+        self.cuda.call("cuLaunchKernel", self.func, blocks, 1, 1, THREADS_PER_BLOCK, 1, 1, 0,
+                       None, self.params, None)
+        self.cuda.call("cuCtxSynchronize")
+
+
+def stdin_line(timeout: float) -> bool:
+    """Whether a line arrived on stdin within ``timeout`` seconds (False on EOF)."""
+    r, _, _ = select.select([sys.stdin], [], [], max(0.0, timeout))
+    return bool(r) and bool(sys.stdin.readline())
+
+
+def act_info(cuda: Cuda, args) -> dict:
+    out = cuda.device_info()
+    free, total = cuda.mem_info()
+    out.update(ctx_free_bytes=free, ctx_total_bytes=total)
+    return out
+
+
+def act_mem(cuda: Cuda, args) -> dict:
+    free0, total = cuda.mem_info()
+    upper = max(args.upper_mib, total // MIB, free0 // MIB)
+    lo, hi = 0, upper + 1  # lo fits; hi is not known to fit
+    if cuda.fits(upper):
+        lo = hi = upper
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if cuda.fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    largest = lo
+    single_rc, ptr = cuda.try_alloc((largest + 1) * MIB)
+    if single_rc == CUDA_SUCCESS:
+        cuda.free(ptr)
+    # hold the largest, then ask for 1 MiB more
+    rc, held = cuda.try_alloc(largest * MIB) if largest else (CUDA_SUCCESS, 0)
+    over_rc = None
+    if rc == CUDA_SUCCESS:
+        over_rc, ptr = cuda.try_alloc(MIB)
+        if over_rc == CUDA_SUCCESS:
+            cuda.free(ptr)
+        if held:
+            cuda.free(held)
+    # still alive: a small allocation works again
+    after_rc, ptr = cuda.try_alloc(MIB)
+    if after_rc == CUDA_SUCCESS:
+        cuda.free(ptr)
+    free1, _ = cuda.mem_info()
+    return {
+        "total_bytes": total, "free_bytes": free0, "upper_mib": upper,
+        "largest_mib": largest,
+        "past_single_code": single_rc, "past_single_name": cuda.name_of(single_rc),
+        "hold_largest_code": rc,
+        "past_code": over_rc, "past_name": None if over_rc is None else cuda.name_of(over_rc),
+        "after_code": after_rc, "after_name": cuda.name_of(after_rc),
+        "free_after_bytes": free1,
+    }
+
+
+def act_hold(cuda: Cuda, args) -> dict:
+    free0, total = cuda.mem_info()
+    rc, ptr = cuda.try_alloc(args.mib * MIB)
+    if rc != CUDA_SUCCESS:
+        raise ProbeError(f"cuMemAlloc_v2({args.mib} MiB) failed: {cuda.name_of(rc)} ({rc})",
+                         code=rc)
+    cuda.ptrs.append(ptr)
+    free1, _ = cuda.mem_info()
+    emit({"ready": True, "held_mib": args.mib, "total_bytes": total, "free_bytes": free0,
+          "free_held_bytes": free1})
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        r, _, _ = select.select([sys.stdin], [], [], max(0.0, deadline - time.monotonic()))
+        if r and not sys.stdin.readline():
+            break  # stdin closed: let go
+    cuda.close()
+    return {"released": True}
+
+
+def act_spin(cuda: Cuda, args) -> dict:
+    k = Kernel(cuda)
+    cycles = args.cycles if args.cycles is not None else k.cycles_for(args.kernel_ms)
+    blocks = args.blocks or k.per_wave * WAVES
+    k.launch(cycles, blocks)  # warm-up (module upload, first launch)
+    if args.wait_go:
+        emit({"ready": True})
+        if not stdin_line(args.timeout):
+            raise ProbeError("no go line on stdin", kind="usage")
+    # settle first (not counted): a throttle that let credit pile up while the probes got
+    # ready spends it here
+    settle_end = time.monotonic() + args.settle
+    while time.monotonic() < settle_end:
+        k.launch(cycles, blocks)
+    n = 0
+    t0 = time.monotonic()
+    end = t0 + args.seconds
+    now = t0
+    while now < end:
+        k.launch(cycles, blocks)
+        n += 1
+        now = time.monotonic()
+    elapsed = now - t0
+    return {"kernels": n, "elapsed_s": elapsed, "rate": n / elapsed if elapsed else 0.0,
+            "cycles": cycles, "blocks": blocks, "threads": THREADS_PER_BLOCK}
+
+
+def act_allocspeed(cuda: Cuda, args) -> dict:
+    nbytes = args.mib * MIB
+    pairs = 0
+    t0 = time.monotonic()
+    end = t0 + args.seconds
+    now = t0
+    while now < end:
+        rc, ptr = cuda.try_alloc(nbytes)
+        if rc != CUDA_SUCCESS:
+            raise ProbeError(f"cuMemAlloc_v2({args.mib} MiB) failed: {cuda.name_of(rc)} ({rc})",
+                             code=rc)
+        cuda.free(ptr)
+        pairs += 1
+        now = time.monotonic()
+    elapsed = now - t0
+    return {"pairs": pairs, "elapsed_s": elapsed,
+            "ops_per_s": 2 * pairs / elapsed if elapsed else 0.0}
+
+
+ACTIONS = {"info": act_info, "mem": act_mem, "hold": act_hold, "spin": act_spin,
+           "allocspeed": act_allocspeed}
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m sharegpu.isolation_check.probe")
+    p.add_argument("action", choices=sorted(ACTIONS))
+    p.add_argument("--device", type=int, default=0, help="CUDA ordinal (default 0)")
+    p.add_argument("--library", default=LIBRARY)
+    p.add_argument("--upper-mib", type=int, default=0, help="mem: search up to this many MiB")
+    p.add_argument("--mib", type=int, default=1, help="hold/allocspeed: MiB per allocation")
+    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--kernel-ms", type=float, default=1.0, help="spin: length of one launch")
+    p.add_argument("--cycles", type=int, default=None, help="spin: cycles per block")
+    p.add_argument("--blocks", type=int, default=0, help="spin: grid size (default: fill)")
+    p.add_argument("--settle", type=float, default=0.0,
+                   help="spin: launch this many seconds first without counting")
+    p.add_argument("--wait-go", action="store_true")
+    p.add_argument("--timeout", type=float, default=120.0)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    cuda = None
+    try:
+        cuda = Cuda(args.library)
+        cuda.open(args.device)
+        out = ACTIONS[args.action](cuda, args)
+        out.update(action=args.action, pid=os.getpid())
+        emit(out)
+        return 0
+    except ProbeError as e:
+        emit({"error": str(e), "kind": e.kind, "code": e.code, "action": args.action})
+        return 3
+    finally:
+        if cuda is not None:
+            with contextlib.suppress(Exception):
+                cuda.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
