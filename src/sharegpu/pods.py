@@ -33,3 +33,18 @@ def placement_of(pod: Mapping[str, Any]) -> tuple[PodRequest, str, Allocation] |
     if not node:  # annotated but never bound: holds nothing
         return None
     return parse_pod(pod), node, alloc
+
+
+def unannotated_gpu_pod(pod: Mapping[str, Any]) -> tuple[PodRequest, str] | None:
+    """(request, node) of a live pod bound to a node that asks for GPU resources but carries no
+    scheduling decision (bound by another scheduler, ``nodeName`` set by hand, or bound by
+    kube-scheduler while the extender was down): it holds GPUs nobody recorded. ``None``
+    otherwise. Raises ValidationError on a malformed request."""
+    if is_terminated(pod) or not node_of(pod):
+        return None
+    if decode((pod.get("metadata") or {}).get("annotations") or {}) is not None:
+        return None
+    req = parse_pod(pod)
+    if not req.wants_gpu:
+        return None
+    return req, node_of(pod)

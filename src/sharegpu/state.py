@@ -453,6 +453,48 @@ class ClusterState:
         self.pods[req.key] = r
         return r
 
+    def charge_unseen(self, req: PodRequest, node: int | str) -> Reservation | None:
+        """Hold what a pod without a recorded decision may use on ``node``, conservatively: we
+        do not know its GPUs, so a shared pod is charged its per-GPU memory (and compute) on
+        every GPU of the node, capped at what is free there, and counts as a pod on each; whole
+        cards are charged as any free cards. Nothing placed afterwards can then over-commit the
+        GPU it really holds. ``None`` when there is nothing left to charge."""
+        i = self.index[node] if isinstance(node, str) else node
+        spec = self.specs[i]
+        if spec is None or not self.active[i] or req.key in self.pods:
+            return None
+        g = int(self.gpu_count[i])
+        if req.kind in (Kind.EXCLUSIVE, Kind.TOPOLOGY):
+            from .placement.gpus import assign  # local: placement builds on state
+
+            alloc = assign(self, req, i, "bestfit")
+            return self.reserve(req, i, alloc) if alloc is not None else None
+        need = max((c.gpu_mem for c in req.containers), default=0)
+        core = max((c.gpu_core for c in req.containers), default=0)
+        containers: list[ContainerRequest] = []
+        mem: dict[int, dict[int, int]] = {}
+        cores: dict[int, dict[int, int]] = {}
+        for gpu in range(g):
+            if self.gpu_pods[i, gpu] >= self.max_pods_per_gpu:
+                continue
+            m = min(need, int(self.gpu_free[i, gpu]))
+            c = min(core, int(self.core_free[i, gpu]))
+            if m <= 0 and c <= 0:
+                continue
+            j = len(containers)
+            containers.append(ContainerRequest(j, gpu_mem=m, gpu_core=c))
+            mem[j] = {gpu: m}
+            if c:
+                cores[j] = {gpu: c}
+        if not containers:
+            return None
+        charged = PodRequest(req.namespace, req.name, req.kind, tuple(containers), uid=req.uid,
+                             cpu_milli=req.cpu_milli, mem_mib=req.mem_mib)
+        r = Reservation(charged, spec.name, Allocation(mem=mem, core=cores), bound=True)
+        self._apply(r, +1)
+        self.pods[req.key] = r
+        return r
+
     def restore(
         self, placed: Iterable[tuple[PodRequest, str, Allocation]]
     ) -> list[tuple[str, str]]:

@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 REASON_UNSCHEDULABLE = "GPUSharingUnschedulable"
 REASON_BIND_FAILED = "GPUSharingBindFailed"
 REASON_INVALID = "GPUSharingInvalidRequest"
+REASON_UNANNOTATED = "GPUSharingNoDecision"  # a bound GPU pod the extender did not place
 COMPONENT = "sharegpu-extender"
 
 

@@ -185,11 +185,12 @@ class Informer:
 
     def compare(self, pods: list[dict[str, Any]]) -> list[str]:
         from ..errors import PlacementError, ValidationError
-        from ..pods import placement_of
+        from ..pods import placement_of, unannotated_gpu_pod
 
         view = self.view
         specs = [s for s in view.state.specs if s is not None]
         placed = []
+        unseen = []
         for obj in pods:
             meta = obj.get("metadata") or {}
             key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
@@ -197,12 +198,19 @@ class Informer:
                 continue
             try:
                 p = placement_of(obj) or view.known_bound(obj)
+                u = None if p is not None else unannotated_gpu_pod(obj)
             except ValidationError:
                 continue
             if p is not None:
                 placed.append(p)
+            elif u is not None:
+                unseen.append(u)
         fresh = ClusterState(specs)
         fresh.restore(placed)
+        for req, node in unseen:  # charged after every recorded decision, as a rebuild does
+            if node in fresh.index:
+                with contextlib.suppress(PlacementError):
+                    fresh.charge_unseen(req, node)
         for r in view.inflight.values():
             with contextlib.suppress(PlacementError, KeyError):
                 fresh.reserve(r.request, r.node, r.alloc)

@@ -109,6 +109,11 @@ class Metrics:
                                      "time of the last rebuild from annotations", registry=r)
         self.events = Counter("sharegpu_extender_events", "Events posted, by reason", ["reason"],
                               registry=r)
+        self.unannotated = Gauge("sharegpu_extender_unannotated_gpu_pods",
+                                 "bound GPU pods without a scheduling decision, charged against "
+                                 "every GPU of their node", registry=r)
+        if view is not None:
+            self.unannotated.set_function(lambda: len(view().unseen))
         self.view = view
 
     def decided(self, verb: str, result: str) -> None:

@@ -9,12 +9,15 @@ binds, so it never decides on a view older than the previous leader's last bindi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
+from collections.abc import Mapping
+from typing import Any
 
 from ..aio import cancel_all
 from .bind import Binder
-from .events import EventRecorder
+from .events import REASON_UNANNOTATED, EventRecorder
 from .httpserver import HttpServer
 from .informer import Informer
 from .kube import KubeApi
@@ -46,11 +49,20 @@ class Replica:
         self._leader_synced = not elect
         self.binder = Binder(api, lambda: self.view, self.may_bind)
         self.events = EventRecorder(api, self.metrics, host=identity)
+        self.view.on_unseen = self._unseen
         self.service = ExtenderApp(self.view, self.binder, self.metrics, self.events,
                                    is_ready=self.is_ready)
         self._tasks: list[asyncio.Task[None]] = []
         self._server: HttpServer | None = None
         self.port = 0
+
+    def _unseen(self, pod: Mapping[str, Any]) -> None:
+        node = (pod.get("spec") or {}).get("nodeName")
+        with contextlib.suppress(RuntimeError):  # no running loop: a rebuild outside the server
+            self.events.record(pod, REASON_UNANNOTATED, (
+                f"holds GPU resources on node {node} but was not placed by the sharegpu "
+                "extender (no scheduling decision recorded): counted against every GPU of the "
+                "node until it ends; schedule GPU pods with schedulerName ack-co-scheduler"))
 
     # -- leadership ---------------
     def is_leader(self) -> bool:

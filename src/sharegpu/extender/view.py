@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from itertools import compress
 from operator import itemgetter
 from typing import Any
@@ -30,7 +30,7 @@ from ..placement.fragmentation import Shape, TargetWorkload
 from ..placement.moves import has_fast_path
 from ..placement.nodecache import ShapeCache
 from ..placement.rowmemo import unique_keys
-from ..pods import is_terminated, node_of
+from ..pods import is_terminated, node_of, unannotated_gpu_pod
 from ..request import Kind, PodRequest, parse_pod
 from ..scheduler import Scheduler
 from ..state import _KIND_MODES, _MODE_CODES, ClusterState, NodeSpec, Reservation
@@ -151,6 +151,10 @@ class ClusterView:
         self.specs: dict[str, NodeSpec] = {}
         self.placed: dict[str, Placed] = {}  # what bound pods' annotations say
         self.inflight: dict[str, Reservation] = {}
+        # bound GPU pods without a recorded decision, charged conservatively (key -> node)
+        self.unseen: dict[str, str] = {}
+        # called with such a pod the first time it is seen (the replica posts an Event)
+        self.on_unseen: Callable[[Mapping[str, Any]], None] | None = None
         self.shapes: Counter[Shape] = Counter()
         self._shape_of: dict[str, Shape] = {}  # live pods already counted in ``shapes``
         self._seen = 0  # pods counted in ``shapes`` (the history the workload is learnt from)
@@ -241,6 +245,7 @@ class ClusterView:
                 specs[spec.name] = spec
         placed: dict[str, Placed] = {}
         records: list[Placed] = []
+        unseen: list[Mapping[str, Any]] = []
         bad = 0
         for obj in pods:
             key = _key(obj)
@@ -255,6 +260,7 @@ class ClusterView:
             if p is None:
                 p = self.known_bound(obj)
             if p is None:
+                unseen.append(obj)
                 continue
             placed[key] = p
             if p[1] in state.index:  # else applied when the node appears
@@ -270,6 +276,9 @@ class ClusterView:
                 self._problem(key, f"in-flight reservation dropped on rebuild: {e}")
                 del self.inflight[key]
         self.state, self.specs, self.placed = state, specs, placed
+        known, self.unseen = self.unseen, {}
+        for obj in unseen:  # after every recorded decision, as the consistency check does
+            self._charge_unseen(obj, notify=_key(obj) not in known)
         self._feasible.clear()
         self._nodes_version += 1
         self.scheduler = Scheduler(state, self.policy, tie_break="order")
@@ -282,6 +291,32 @@ class ClusterView:
         self._prepare()
         self.synced = True
         return bad
+
+    def _charge_unseen(self, obj: Mapping[str, Any], *, notify: bool = True) -> None:
+        """Charge a bound GPU pod that carries no decision (see
+        :meth:`ClusterState.charge_unseen`)."""
+        key = _key(obj)
+        if key in self.state.pods:
+            return
+        try:
+            got = unannotated_gpu_pod(obj)
+        except ValidationError:
+            return
+        if got is None:
+            return
+        req, node = got
+        if node not in self.state.index:
+            return
+        try:
+            self.state.charge_unseen(req, node)
+        except PlacementError as e:
+            self._problem(key, f"GPU pod without a scheduling decision not charged: {e}")
+            return
+        self.unseen[key] = node
+        self._problem(key, f"holds GPU resources on {node} but carries no scheduling decision; "
+                           "counted against every GPU of the node until it ends")
+        if notify and self.on_unseen is not None:
+            self.on_unseen(obj)
 
     def known_bound(self, obj: Mapping[str, Any]) -> Placed | None:
         """Our placement of a pod that a list shows unbound though this view saw it bound
@@ -360,9 +395,14 @@ class ClusterView:
             ):
                 return  # stale event from before the binding: nodeName never goes back
             self.placed.pop(key, None)
+            if key in self.unseen and not _ended(obj):
+                return  # still charged
             if cur is not None:
                 self.scheduler.release(key)
+            self.unseen.pop(key, None)
+            self._charge_unseen(obj)
             return
+        self.unseen.pop(key, None)
         req, node, alloc = p
         self.placed[key] = p
         if cur is not None:
@@ -378,6 +418,7 @@ class ClusterView:
         self._shape_of.pop(key, None)  # its shape stays in the history
         self.placed.pop(key, None)
         self.inflight.pop(key, None)
+        self.unseen.pop(key, None)
         if key in self.state.pods:
             self.scheduler.release(key)
 
@@ -640,7 +681,7 @@ class ClusterView:
             if r is None or r.node != node or not _same(r.alloc, alloc):
                 out.append(key)
         for key in self.state.pods:
-            if key not in self.placed and key not in self.inflight:
+            if key not in self.placed and key not in self.inflight and key not in self.unseen:
                 out.append(key)
         return out
 
