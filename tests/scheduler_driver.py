@@ -152,7 +152,9 @@ class Driver:
             if node_now:
                 self.out.bound[key] = node_now
                 return
-            await asyncio.sleep(0.01 * attempt)  # kube-scheduler backs off, then retries
+            # kube-scheduler backs off (1 s, doubling up to 10 s) and retries without end;
+            # shorter here, but growing the same way
+            await asyncio.sleep(min(0.01 * 2 ** attempt, 1.0))
         self.out.failed[key] = last
 
     async def run(self, pods: list[dict[str, Any]],

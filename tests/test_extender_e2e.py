@@ -179,10 +179,11 @@ def test_faults_and_leader_loss(fake_api_factory: Any) -> None:
             assert survivor.is_leader() and survivor.identity != killed["who"]
             assert out.bind_errors > 0 and out.retries_after_leader_loss > 0
             assert all(rule.fired > 5 for rule in rules)
-            # start, taking over, then at least the 410 after the compaction
+            # start, then at least the 410 after the compaction (taking over needs no relist
+            # while the follower's watches stream: it binds from its warm view)
             relists = survivor.metrics.registry.get_sample_value(
                 "sharegpu_extender_relists_total", {"resource": "all"})
-            assert relists is not None and relists >= 3
+            assert relists is not None and relists >= 2
             _check(fake, pods, alive, out)
             lease = fake.get("leases", "sharegpu-extender", "kube-system")
             assert lease["spec"]["holderIdentity"] == survivor.identity
@@ -208,13 +209,14 @@ def test_takeover_within_fifteen_seconds_at_default_timings(fake_api_factory: An
         await b.start()
         try:
             for _ in range(100):
-                if a.is_ready():
+                if a.may_bind() and b.is_ready():
                     break
                 await asyncio.sleep(0.05)
-            assert a.is_ready() and not b.is_ready() and b.view.synced  # warm follower
+            # both take traffic; only the leader binds; the follower's view is warm
+            assert a.is_ready() and b.is_ready() and a.may_bind() and not b.may_bind()
             t0 = time.monotonic()
             await a.stop(graceful=False)
-            while not b.is_ready():
+            while not b.may_bind():
                 await asyncio.sleep(0.1)
                 assert time.monotonic() - t0 < 15
         finally:

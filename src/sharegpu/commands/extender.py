@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import socket
 import ssl
@@ -59,9 +60,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="prioritize also scores the other feasible nodes 0..9 in the policy's "
                    "order (for an extender weight low enough to blend with kube-scheduler's "
                    "own scores); by default only the policy's pick scores, 10")
+    p.add_argument("--advertise-url", default="",
+                   help="where the other replicas reach this one to forward binds while it "
+                        "leads (default: http(s)://$POD_IP:PORT when POD_IP is set, else the "
+                        "--listen address when it names one)")
     p.add_argument("--check-every", type=float, default=300.0,
                    help="seconds between consistency checks against the pod annotations")
     p.add_argument("--log-level", default="INFO")
+
+
+def advertise_url(given: str, port: int, tls: bool) -> str:
+    """``--advertise-url``, or one made from $POD_IP (the chart sets it) and the port."""
+    if given:
+        if not given.startswith(("http://", "https://")):
+            raise ValidationError("--advertise-url", given, "must be an http:// or https:// URL")
+        return given
+    ip = os.environ.get("POD_IP", "").strip()
+    if not ip or not port:
+        return ""
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"{'https' if tls else 'http'}://{host}:{port}"
 
 
 async def _serve(args: argparse.Namespace) -> int:
@@ -76,7 +94,8 @@ async def _serve(args: argparse.Namespace) -> int:
     replica = Replica(api, identity=args.id, policy=args.policy,
                       lease_namespace=args.lease_namespace, lease_name=args.lease_name,
                       elect=not args.no_leader_election, check_every=args.check_every,
-                      graded_scores=args.graded_scores)
+                      graded_scores=args.graded_scores,
+                      advertise_url=advertise_url(args.advertise_url, port, ctx is not None))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -45,6 +45,8 @@ class Informer:
         self.backoff = backoff
         self.on_event = on_event
         self.rv = {PODS: "", NODES: ""}
+        # whether each watch is streaming now (not resuming after a drop, not relisting)
+        self.live = {PODS: False, NODES: False}
         self.ready = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._relist_lock = asyncio.Lock()
@@ -63,6 +65,12 @@ class Informer:
     async def stop(self) -> None:
         await cancel_all(self._tasks)
         self._tasks = []
+
+    def current(self) -> bool:
+        """Whether the view follows the API server right now: rebuilt, both watches streaming,
+        no relist under way. Events older than a few seconds have then been applied."""
+        return (self.view.synced and self.live[PODS] and self.live[NODES]
+                and not self._relist_lock.locked())
 
     async def relist(self) -> None:
         """List nodes and pods and rebuild the view from them."""
@@ -115,6 +123,7 @@ class Informer:
         failures = 0
         while True:
             try:
+                self.live[path] = True
                 async for kind, obj in self.api.watch(path, self.rv[path]):
                     failures = 0
                     rv = _rv(obj)
@@ -123,12 +132,15 @@ class Informer:
                     if kind in ("ADDED", "MODIFIED", "DELETED"):
                         self.apply(path, kind, obj)
             except asyncio.CancelledError:
+                self.live[path] = False
                 raise
             except Gone:
+                self.live[path] = False
                 log.info("watch %s: resourceVersion %s is gone; relisting", path, self.rv[path])
                 await self._relist_retrying()
                 continue
             except Exception as e:  # dropped connection, server error, bad line
+                self.live[path] = False
                 failures += 1
                 log.info("watch %s dropped (%s); resuming from %s", path, e, self.rv[path])
                 await asyncio.sleep(min(self.backoff * failures, 5.0))

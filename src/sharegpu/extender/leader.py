@@ -5,9 +5,13 @@
   ``lease_duration`` on its own clock (no trust in other machines' clocks).
 - The leader counts as leader only while its last successful renewal is younger than
   ``renew_deadline`` (< ``lease_duration``), so it stops binding before anyone may take over.
+- A follower reads the Lease twice per ``retry_period`` and tries again exactly when the holder's
+  record will have stood unchanged for ``lease_duration``, so it takes the Lease within half a
+  retry period and one API round trip of its expiry (the holder's last renewTime + duration).
+- The leader writes its URL on the Lease (annotation ``sharegpu.io/leader-url``): followers
+  forward the binds they receive to it.
 With the defaults (10 s lease, 7 s renew deadline, 2 s retry) the leader stops binding 7 s after
-its last renewal and a follower takes over at most about lease + retry = 12 s after it, inside
-the 15 s the project promises.
+its last renewal and a follower takes over about ``lease_duration`` after it.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from .kube import ApiError, KubeApi
 
 log = logging.getLogger(__name__)
 
+URL_ANNOTATION = "sharegpu.io/leader-url"
+
 
 def _now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -33,7 +39,7 @@ class LeaderElector:
                  lease_duration: float = 10.0, renew_deadline: float = 7.0,
                  retry_period: float = 2.0,
                  on_change: Callable[[bool], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, url: str = "") -> None:
         if not retry_period < renew_deadline < lease_duration:
             raise ValueError("need retry_period < renew_deadline < lease_duration")
         self.api = api
@@ -50,15 +56,27 @@ class LeaderElector:
         self._observed_at = 0.0
         self._was_leader = False
         self.holder = ""
+        self.url = url  # where this replica serves (written on the Lease while it leads)
+        self.holder_url = ""  # the holder's URL, as the Lease said
 
     def is_leader(self) -> bool:
         return self.clock() - self._renewed_at < self.renew_deadline
+
+    def next_wait(self) -> float:
+        """Seconds until the next try: the retry period, or less when another holder's lease
+        runs out sooner (on this replica's clock)."""
+        if not self.holder or self.holder == self.identity or self._observed is None:
+            return self.retry_period
+        # a follower looks twice per retry period, so it sees the holder's last renewal at most
+        # half a period late: that lag is what its takeover trails the lease's real expiry by
+        left = self._observed_at + self.lease_duration - self.clock()
+        return max(0.01, min(self.retry_period / 2, left + 0.01))
 
     async def run(self) -> None:
         try:
             while True:
                 await self.step()
-                await asyncio.sleep(self.retry_period)
+                await asyncio.sleep(self.next_wait())
         finally:
             self._set(False)
 
@@ -91,12 +109,14 @@ class LeaderElector:
         except ApiError as e:
             if e.status != 404:
                 raise
-            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": self.name, "namespace": self.namespace},
+            meta: dict[str, object] = {"name": self.name, "namespace": self.namespace}
+            if self.url:
+                meta["annotations"] = {URL_ANNOTATION: self.url}
+            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta,
                     "spec": {**spec, "acquireTime": spec["renewTime"], "leaseTransitions": 0}}
             await self.api.request("POST", self.collection, body)
             self._renewed_at = now
-            self.holder = self.identity
+            self.holder, self.holder_url = self.identity, self.url
             return
         cur = lease.get("spec") or {}
         holder = cur.get("holderIdentity") or ""
@@ -105,6 +125,8 @@ class LeaderElector:
         if record != self._observed:
             self._observed, self._observed_at = record, now
         self.holder = holder
+        anns = (lease.get("metadata") or {}).get("annotations") or {}
+        self.holder_url = str(anns.get(URL_ANNOTATION) or "") if holder else ""
         mine = holder == self.identity
         expired = now - self._observed_at >= self.lease_duration
         if holder and not mine and not expired:
@@ -114,7 +136,12 @@ class LeaderElector:
         if not mine:
             new_spec["acquireTime"] = spec["renewTime"]
             new_spec["leaseTransitions"] = int(cur.get("leaseTransitions") or 0) + 1
-        body = {**lease, "spec": new_spec}
+        meta = dict(lease.get("metadata") or {})
+        anns = {k: v for k, v in (meta.get("annotations") or {}).items() if k != URL_ANNOTATION}
+        if self.url:
+            anns[URL_ANNOTATION] = self.url
+        meta["annotations"] = anns
+        body = {**lease, "metadata": meta, "spec": new_spec}
         try:
             await self.api.request("PUT", self.path, body)  # carries resourceVersion
         except ApiError as e:
@@ -122,7 +149,7 @@ class LeaderElector:
                 return  # someone else wrote first
             raise
         self._renewed_at = now
-        self.holder = self.identity
+        self.holder, self.holder_url = self.identity, self.url
 
     async def release(self) -> None:
         """Give the Lease up (clean shutdown), so a follower need not wait for it to expire."""

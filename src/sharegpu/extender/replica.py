@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import ssl
 from collections.abc import Mapping
 from typing import Any
+
+import httpx2 as httpx
 
 from ..aio import cancel_all
 from .bind import Binder
@@ -28,13 +31,20 @@ from .view import ClusterView
 
 log = logging.getLogger(__name__)
 
+FORWARDED_HEADER = "X-Sharegpu-Forwarded-By"
+
+
+def _bind_error(message: str) -> bytes:
+    return json.dumps({"Error": message}).encode()
+
 
 class Replica:
     def __init__(self, api: KubeApi, *, identity: str, policy: str = "default",
                  lease_namespace: str = "kube-system", lease_name: str = "sharegpu-extender",
                  elect: bool = True, lease_duration: float = 10.0, renew_deadline: float = 7.0,
                  retry_period: float = 2.0, check_every: float = 300.0,
-                 graded_scores: bool = False) -> None:
+                 graded_scores: bool = False, advertise_url: str = "",
+                 forward_timeout: float = 8.0) -> None:
         self.api = api
         self.identity = identity
         self.view = ClusterView(policy, graded=graded_scores)
@@ -45,13 +55,17 @@ class Replica:
             self.elector = LeaderElector(
                 api, lease_namespace, lease_name, identity, lease_duration=lease_duration,
                 renew_deadline=renew_deadline, retry_period=retry_period,
-                on_change=self._leader_changed)
+                on_change=self._leader_changed, url=advertise_url)
+        self.advertise_url = advertise_url
+        self.forward_timeout = forward_timeout
+        self._http: httpx.AsyncClient | None = None
+        self.forwarded = 0  # binds passed on to the leader
         self._leader_synced = not elect
         self.binder = Binder(api, lambda: self.view, self.may_bind)
         self.events = EventRecorder(api, self.metrics, host=identity)
         self.view.on_unseen = self._unseen
         self.service = ExtenderApp(self.view, self.binder, self.metrics, self.events,
-                                   is_ready=self.is_ready)
+                                   is_ready=self.is_ready, forward_bind=self.forward_bind)
         self._tasks: list[asyncio.Task[None]] = []
         self._server: HttpServer | None = None
         self.port = 0
@@ -72,7 +86,9 @@ class Replica:
         return self.is_leader() and self._leader_synced
 
     def is_ready(self) -> bool:
-        return self.view.synced and self.may_bind()
+        """Every replica with a rebuilt view takes traffic: filter and prioritize are answered
+        from its own (warm) view, and a follower passes binds on to the leader."""
+        return self.view.synced
 
     def _leader_changed(self, leader: bool) -> None:
         self.metrics.leader.set(1 if leader else 0)
@@ -81,6 +97,20 @@ class Replica:
             self._tasks.append(asyncio.get_running_loop().create_task(self._take_over()))
 
     async def _take_over(self) -> None:
+        """Start binding. A follower's view follows the API server through its watches; the
+        old leader stopped binding ``renew_deadline`` after its last renewal, at least
+        ``lease_duration - renew_deadline`` (3 s by default) before this replica could take the
+        Lease, so its last writes are in a view whose watches stream. Then the new leader binds
+        at once, and a consistency check runs in the background; otherwise it relists first."""
+        if self.informer.current():
+            self._leader_synced = self.is_leader()
+            log.info("%s: leader, binding from its warm view", self.identity)
+            try:
+                await self.informer.check(settle_s=1.0)
+            except Exception as e:
+                log.warning("%s: consistency check after taking over failed: %s",
+                            self.identity, e)
+            return
         while True:
             try:
                 await self.informer.relist()
@@ -91,14 +121,41 @@ class Replica:
         self._leader_synced = self.is_leader()
         log.info("%s: leader with a fresh view", self.identity)
 
+    async def forward_bind(self, body: bytes, forwarded: bool) -> bytes | None:
+        """A bind this replica may not do, passed on to the leader: the leader's answer, or an
+        ``Error`` answer when there is none to reach (kube-scheduler then retries the pod).
+        ``None``: bind here (this replica leads, or the request was forwarded already)."""
+        if self.may_bind() or forwarded or self.elector is None:
+            return None
+        holder, url = self.elector.holder, self.elector.holder_url
+        if not holder or holder == self.identity or not url:
+            return _bind_error("no sharegpu extender leader to bind (election in progress)")
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=self.forward_timeout)
+        try:
+            r = await self._http.post(url.rstrip("/") + "/bind", content=body,
+                                      headers={"Content-Type": "application/json",
+                                               FORWARDED_HEADER: self.identity})
+        except httpx.HTTPError as e:
+            return _bind_error(f"the sharegpu extender leader {holder} at {url} did not answer "
+                               f"({type(e).__name__})")
+        self.forwarded += 1
+        if r.status_code != 200:
+            return _bind_error(f"the sharegpu extender leader {holder} answered HTTP "
+                               f"{r.status_code}")
+        return r.content
+
     # -- life cycle ---------------
     async def start(self, host: str = "127.0.0.1", port: int = 0,
                     ssl_context: ssl.SSLContext | None = None) -> None:
         await self.informer.start()
-        if self.elector is not None:
-            self._tasks.append(asyncio.create_task(self.elector.run(), name="leader-election"))
         self._server = self.service.server()
         self.port = await self._server.start(host, port, ssl_context)
+        if self.elector is not None:
+            if not self.elector.url and host not in ("", "0.0.0.0", "::"):
+                scheme = "https" if ssl_context is not None else "http"
+                self.elector.url = f"{scheme}://{host}:{self.port}"
+            self._tasks.append(asyncio.create_task(self.elector.run(), name="leader-election"))
 
     async def stop(self, graceful: bool = True) -> None:
         """``graceful=False`` stops without giving up the lease (a crash, for tests)."""
@@ -111,3 +168,6 @@ class Replica:
             await self._server.close()
             self._server = None
         await self.events.drain()
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None

@@ -37,13 +37,17 @@ class ExtenderApp:
     def __init__(self, view: ClusterView, binder: Binder | None, metrics: Metrics,
                  events: EventRecorder | None = None,
                  is_ready: Callable[[], bool] | None = None,
-                 is_synced: Callable[[], bool] | None = None) -> None:
+                 is_synced: Callable[[], bool] | None = None,
+                 forward_bind: Callable[[bytes, bool], Awaitable[bytes | None]] | None = None,
+                 ) -> None:
         self.view = view
         self.binder = binder
         self.metrics = metrics
         self.events = events
         self.is_synced = is_synced or (lambda: view.synced)
         self.is_ready = is_ready or self.is_synced
+        # a follower passes binds on to the leader (replica.forward_bind)
+        self.forward_bind = forward_bind
         # the last prioritize answer the view gave and its encoding (the view gives the very
         # same dict again while nothing it read changed)
         self._encoded: tuple[dict[str, int], bytes] | None = None
@@ -184,6 +188,12 @@ class ExtenderApp:
             return self._bad("bind", e, wire.binding_result(str(e)))
         if self.binder is None:
             return json_response(wire.binding_result("this sharegpu extender does not bind"))
+        if self.forward_bind is not None:
+            forwarded = await self.forward_bind(request.body,
+                                                "x-sharegpu-forwarded-by" in request.headers)
+            if forwarded is not None:
+                self.metrics.decided("bind", "forwarded")
+                return Response(200, forwarded)
         try:
             out = await self.binder.bind(args)
         except BindError as e:
