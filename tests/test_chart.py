@@ -518,7 +518,8 @@ AGREED = {
               "--fake-gpus", "--kubeconfig", "--metrics-listen", "--hami-library",
               "--hami-installed", "--compute-policy", "--isolation-check-every",
               "--mps-pipe-dir", "--mps-shm-dir", "--log-level"],
-    "webhook": ["--listen", "--tls-cert", "--tls-key", "--insecure", "--log-level"],
+    "webhook": ["--listen", "--tls-cert", "--tls-key", "--insecure", "--gpu-schedulers",
+                "--log-level"],
 }
 
 

@@ -166,3 +166,45 @@ def test_http_validate_and_fail_closed() -> None:
             assert r.status == 200
 
     asyncio.run(go())
+
+
+def _review_of(pod: dict) -> dict:
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u1", "kind": {"kind": "Pod"}, "operation": "CREATE",
+                        "namespace": "default", "object": pod}}
+
+
+def test_gpu_sharing_pod_without_the_extenders_scheduler_is_refused():
+    """A pod asking for gpu-mem with the default scheduler would be placed by count alone and
+    its container failed later by the agent: refused at admission, naming schedulerName."""
+    from sharegpu import kobjects
+    from sharegpu.webhook import review
+
+    ack = frozenset({"ack-co-scheduler"})
+    forgot = kobjects.pod("forgot", mem=4, scheduler="default-scheduler")
+    out = review(_review_of(forgot), ack)["response"]
+    assert not out["allowed"]
+    assert out["status"]["message"] == (
+        "spec.schedulerName='default-scheduler': a pod asking for aliyun.com/gpu-mem, "
+        "aliyun.com/gpu-core.percentage or aliyun.com/gpu must be scheduled by a scheduler that "
+        "runs the sharegpu extender: set schedulerName: ack-co-scheduler")
+    unset = kobjects.pod("unset", mem=4)
+    del unset["spec"]["schedulerName"]
+    assert not review(_review_of(unset), ack)["response"]["allowed"]
+    assert review(_review_of(kobjects.pod("ok", mem=4)), ack)["response"]["allowed"]
+    # whole cards need no extender; non-GPU pods are untouched
+    cards = kobjects.pod("cards", cards=1, scheduler="default-scheduler")
+    assert review(_review_of(cards), ack)["response"]["allowed"]
+    plain = kobjects.pod("plain", scheduler="default-scheduler")
+    assert review(_review_of(plain), ack)["response"]["allowed"]
+    # with the extender in the cluster's default scheduler (chart scheduler.mode=default)
+    assert review(_review_of(forgot), frozenset({"default-scheduler"}))["response"]["allowed"]
+
+
+def test_chart_passes_the_scheduler_names_to_the_webhook():
+    from test_chart import args_of, one, render
+
+    assert "--gpu-schedulers=ack-co-scheduler" in args_of(one(render(None), "Deployment",
+                                                               "webhook"))
+    dflt = one(render("default-scheduler.yaml"), "Deployment", "webhook")
+    assert "--gpu-schedulers=default-scheduler" in args_of(dflt)

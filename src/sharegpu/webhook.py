@@ -16,8 +16,9 @@ from typing import Any
 
 from aiohttp import web
 
+from . import names
 from .errors import ValidationError
-from .request import parse_pod
+from .request import Kind, parse_pod
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +41,26 @@ def parse_review(body: Any) -> Mapping[str, Any]:
     return req
 
 
-def review(body: Any) -> dict[str, Any]:
-    """The AdmissionReview answer for a review (raises ValidationError on a malformed one)."""
+def scheduler_problem(pod: Mapping[str, Any], kind: Kind,
+                      schedulers: frozenset[str] | None) -> str | None:
+    """Why a GPU-sharing pod would be placed wrongly: its scheduler does not run the sharegpu
+    extender (the default scheduler alone places shared requests by count, and the agent then
+    cannot hand the container a GPU). Whole cards (``nvidia.com/gpu``) need no extender."""
+    if schedulers is None or kind not in (Kind.SHARED, Kind.SHARED_CORE, Kind.TOPOLOGY):
+        return None
+    spec = pod.get("spec") or {}
+    name = spec.get("schedulerName") or "default-scheduler"
+    if name in schedulers:
+        return None
+    want = " or ".join(sorted(schedulers))
+    return (f"spec.schedulerName={name!r}: a pod asking for {names.RES_GPU_MEM}, "
+            f"{names.RES_GPU_CORE} or {names.RES_TOPOLOGY_GPU} must be scheduled by a scheduler "
+            f"that runs the sharegpu extender: set schedulerName: {want}")
+
+
+def review(body: Any, schedulers: frozenset[str] | None = None) -> dict[str, Any]:
+    """The AdmissionReview answer for a review (raises ValidationError on a malformed one).
+    ``schedulers``: the schedulerNames that run the extender (``None``: not checked)."""
     req = parse_review(body)
     kind = (req.get("kind") or {}).get("kind", "Pod")
     operation = req.get("operation", "CREATE")
@@ -55,9 +74,13 @@ def review(body: Any) -> dict[str, Any]:
         meta.setdefault("namespace", req.get("namespace") or "default")
         pod["metadata"] = meta
         try:
-            parse_pod(pod)
+            request = parse_pod(pod)
         except ValidationError as e:
             allowed, message = False, str(e)
+        else:
+            problem = scheduler_problem(pod, request.kind, schedulers)
+            if problem is not None:
+                allowed, message = False, problem
     response: dict[str, Any] = {"uid": req["uid"], "allowed": allowed}
     if not allowed:
         response["status"] = {"code": 422, "reason": "Invalid", "message": message}
@@ -71,7 +94,7 @@ async def _validate(request: web.Request) -> web.Response:
     except ValueError as e:
         return web.json_response({"error": f"body: must be JSON ({e})"}, status=400)
     try:
-        out = review(body)
+        out = review(body, request.app.get(SCHEDULERS))
     except ValidationError as e:
         return web.json_response({"error": str(e)}, status=400)
     if not out["response"]["allowed"]:
@@ -84,8 +107,14 @@ async def _healthz(request: web.Request) -> web.Response:
     return web.Response(text="ok")
 
 
-def app() -> web.Application:
+SCHEDULERS: web.AppKey[frozenset[str] | None] = web.AppKey("schedulers")
+
+
+def app(schedulers: frozenset[str] | None = None) -> web.Application:
+    """``schedulers``: the schedulerNames that run the extender; a GPU-sharing pod naming
+    another is refused (``None``: not checked)."""
     a = web.Application(client_max_size=16 * 1024 * 1024)
+    a[SCHEDULERS] = schedulers
     a.router.add_post("/validate", _validate)
     a.router.add_get("/healthz", _healthz)
     return a

@@ -16,6 +16,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-cert", help="certificate (PEM); required unless --insecure")
     p.add_argument("--tls-key", help="the certificate's private key (PEM)")
     p.add_argument("--insecure", action="store_true", help="plain HTTP (tests only)")
+    p.add_argument("--gpu-schedulers", default="ack-co-scheduler",
+                   help="schedulerNames that run the sharegpu extender, comma-separated; a pod "
+                        "asking for aliyun.com/gpu-mem, gpu-core.percentage or aliyun.com/gpu "
+                        "with another is refused ('' turns the check off; default "
+                        "ack-co-scheduler)")
     p.add_argument("--log-level", default="INFO")
 
 
@@ -28,5 +33,7 @@ def run(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     host, port = listen_address(args.listen)
     ctx = None if args.insecure else ssl_context(args.tls_cert, args.tls_key, required=True)
-    web.run_app(app(), host=host, port=port, ssl_context=ctx, access_log=None, print=None)
+    schedulers = frozenset(n.strip() for n in args.gpu_schedulers.split(",") if n.strip())
+    web.run_app(app(schedulers or None), host=host, port=port, ssl_context=ctx,
+                access_log=None, print=None)
     return 0
