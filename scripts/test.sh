@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command: a fresh virtual environment, the package with its test extras,
-# ruff, then pytest. Extra test prerequisites (compilers, helm) are installed by the steps below.
+# ruff, the end-to-end control plane (Go), then pytest. Extra test prerequisites (compilers,
+# helm) are installed by the steps below.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -10,4 +11,9 @@ PY=${PYTHON:-python3}
 bash scripts/install-tools.sh
 export PATH="$PWD/.tools/bin:$PATH"
 .venv/bin/ruff check src tests bench
+# the real Kubernetes control plane of tests/e2e (kube-apiserver, etcd, kube-controller-manager,
+# kube-scheduler) from pinned Go modules: built once (about 8 minutes on 2 cores the first
+# time; Go's module and build caches are reused), then only checked
+bash scripts/build-controlplane.sh
+export SHAREGPU_E2E=1
 .venv/bin/python -m pytest "$@"

@@ -1,0 +1,154 @@
+"""sharegpu's own components as local processes beside the real control plane, and the chart.
+
+- :class:`SharegpuProcess` runs ``python -m sharegpu.cli <component> ...`` in its own process
+  group with the kubeconfig it is given (a ServiceAccount's, so the chart's RBAC applies), logs to
+  the control plane's work directory and is killed with it.
+- :func:`helm` / :func:`install_chart` drive the real ``helm`` (``.tools/bin/helm``) against the
+  real API server with the admin kubeconfig; :func:`chart_docs` renders the chart as
+  ``helm template`` does.
+- :func:`scheduler_config` is the KubeSchedulerConfiguration the chart renders for its
+  ``ack-co-scheduler`` profile, with only the extender's ``urlPrefix`` pointed at a local
+  extender (nothing else changed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .controlplane import ControlPlane, _die_with_parent, _kill_group, free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "sharegpu"
+
+
+class SharegpuProcess:
+    def __init__(self, cp: ControlPlane, name: str, args: Sequence[str],
+                 env: Mapping[str, str] | None = None) -> None:
+        self.cp, self.name, self.args = cp, name, list(args)
+        self.log = cp.workdir / f"sharegpu-{name}.log"
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.env.pop("KUBECONFIG", None)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> SharegpuProcess:
+        argv = [sys.executable, "-m", "sharegpu.cli", *self.args]
+        with self.log.open("ab") as out:
+            out.write(f"\n==== {time.strftime('%H:%M:%S')} {' '.join(argv)}\n".encode())
+            out.flush()
+            self.proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                env=self.env, cwd=ROOT, start_new_session=True,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            )
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, grace: float = 10.0) -> None:
+        if self.proc is not None:
+            _kill_group(self.proc, grace)
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, nothing given up (leases stay held)."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def log_tail(self, n: int = 80) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def wait_until(self, check: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+        t0 = time.monotonic()
+        while not check():
+            if not self.alive():
+                raise AssertionError(f"sharegpu {self.name} exited before {what}:\n"
+                                     f"{self.log_tail()}")
+            if time.monotonic() - t0 > timeout:
+                raise AssertionError(f"sharegpu {self.name}: no {what} after {timeout}s:\n"
+                                     f"{self.log_tail()}")
+            time.sleep(0.1)
+
+    def wait_http(self, url: str, timeout: float = 60.0, context: Any = None) -> None:
+        def ok() -> bool:
+            try:
+                with urllib.request.urlopen(url, timeout=2, context=context) as r:
+                    return r.status == 200
+            except (OSError, urllib.error.URLError):
+                return False
+
+        self.wait_until(ok, f"200 from {url}", timeout)
+
+
+def helm_binary() -> str:
+    found = shutil.which("helm", path=str(ROOT / ".tools" / "bin")) or shutil.which("helm")
+    assert found, "helm is missing: bash scripts/install-tools.sh installs it into .tools/bin"
+    return found
+
+
+def helm(cp: ControlPlane | None, *args: str, timeout: float = 300) -> str:
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(cp.workdir if cp else "/tmp"),
+           "KUBECONFIG": str(cp.admin_kubeconfig) if cp else "/nonexistent"}
+    r = subprocess.run([helm_binary(), *args], capture_output=True, text=True, timeout=timeout,
+                       env=env)
+    assert r.returncode == 0, f"helm {' '.join(args)} failed:\n{r.stderr}"
+    return r.stdout
+
+
+def _sets(values: Mapping[str, str] | None) -> list[str]:
+    out: list[str] = []
+    for k, v in (values or {}).items():
+        out += ["--set", f"{k}={v}"]
+    return out
+
+
+def chart_docs(namespace: str, values: Mapping[str, str] | None = None,
+               kube_version: str = "1.37.2") -> list[dict[str, Any]]:
+    out = helm(None, "template", "sharegpu", str(CHART), "-n", namespace,
+               "--kube-version", kube_version, *_sets(values))
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def install_chart(cp: ControlPlane, namespace: str, release: str = "sharegpu",
+                  values: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """``helm install`` into the real API server; the manifest helm applied."""
+    helm(cp, "install", release, str(CHART), "-n", namespace, "--create-namespace",
+         *_sets(values))
+    out = helm(cp, "get", "manifest", release, "-n", namespace)
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def scheduler_config(docs: Sequence[Mapping[str, Any]], extender_url: str) -> dict[str, Any]:
+    """The chart's KubeSchedulerConfiguration with the extender's urlPrefix set to
+    ``extender_url`` (the chart names the in-cluster Service)."""
+    for d in docs:
+        if d.get("kind") != "ConfigMap":
+            continue
+        for text in (d.get("data") or {}).values():
+            cfg = yaml.safe_load(text)
+            if isinstance(cfg, dict) and cfg.get("kind") == "KubeSchedulerConfiguration":
+                for ext in cfg.get("extenders") or []:
+                    ext["urlPrefix"] = extender_url
+                return cfg
+    raise AssertionError("the chart renders no KubeSchedulerConfiguration")
+
+
+__all__ = ["CHART", "ROOT", "SharegpuProcess", "chart_docs", "free_port", "helm",
+           "install_chart", "scheduler_config"]
