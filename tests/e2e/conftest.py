@@ -56,7 +56,10 @@ def controlplane_binary() -> Path:
 def controlplane(
     controlplane_binary: Path, request: pytest.FixtureRequest
 ) -> Iterator[ControlPlane]:
-    cp = ControlPlane(controlplane_binary)
+    # Node objects here have no kubelet behind them: the node-lifecycle controller would mark
+    # them NotReady and taint them after its grace period, so it does not run
+    cp = ControlPlane(controlplane_binary, extra_args={
+        "kube-controller-manager": ["--controllers=*,-node-lifecycle-controller"]})
     request.addfinalizer(cp.stop)
     try:
         cp.start()
