@@ -150,5 +150,37 @@ def scheduler_config(docs: Sequence[Mapping[str, Any]], extender_url: str) -> di
     raise AssertionError("the chart renders no KubeSchedulerConfiguration")
 
 
-__all__ = ["CHART", "ROOT", "SharegpuProcess", "chart_docs", "free_port", "helm",
-           "install_chart", "scheduler_config"]
+def node_object(name: str, *, labels: Mapping[str, str] | None = None,
+                annotations: Mapping[str, str] | None = None,
+                resources: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A Node with room for pods and a Ready condition (no kubelet is behind it)."""
+    from datetime import UTC, datetime
+
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    res = {"cpu": "64", "memory": "512Gi", "pods": "110", **(resources or {})}
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name,
+                     "labels": {"kubernetes.io/hostname": name, **(labels or {})},
+                     "annotations": dict(annotations or {})},
+        "status": {"capacity": dict(res), "allocatable": dict(res),
+                   "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+                   "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                   "message": "no kubelet behind this Node object",
+                                   "lastHeartbeatTime": now, "lastTransitionTime": now}]},
+    }
+
+
+def create_node(client: Any, name: str, **kwargs: Any) -> str:
+    """Create the Node (lightkube ``Client``, admin) and do what the node-lifecycle controller
+    would: lift the ``node.kubernetes.io/not-ready`` taint admission puts on a new Node."""
+    from lightkube.resources.core_v1 import Node
+    from lightkube.types import PatchType
+
+    client.create(Node.from_dict(node_object(name, **kwargs)))
+    client.patch(Node, name, {"spec": {"taints": None}}, patch_type=PatchType.MERGE)
+    return name
+
+
+__all__ = ["CHART", "ROOT", "SharegpuProcess", "chart_docs", "create_node", "free_port", "helm",
+           "install_chart", "node_object", "scheduler_config"]

@@ -8,7 +8,6 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
 from typing import TypeVar
 
 import pytest
@@ -16,8 +15,6 @@ from lightkube import ApiError, Client, KubeConfig
 from lightkube.models.apps_v1 import DeploymentSpec
 from lightkube.models.core_v1 import (
     Container,
-    NodeCondition,
-    NodeStatus,
     PodSpec,
     PodTemplateSpec,
 )
@@ -27,6 +24,7 @@ from lightkube.resources.apps_v1 import Deployment, ReplicaSet
 from lightkube.resources.core_v1 import ConfigMap, Namespace, Node, Pod, ServiceAccount
 from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
 
+from .components import create_node
 from .controlplane import ControlPlane
 
 T = TypeVar("T")
@@ -178,25 +176,8 @@ def test_controller_manager_runs_deployments(admin: Client, namespace: str) -> N
 @pytest.fixture
 def node(admin: Client) -> Iterator[str]:
     """A Node object with room for pods and a Ready condition (there is no kubelet behind it)."""
-    name = f"e2e-node-{uuid.uuid4().hex[:6]}"
-    now = datetime.now(UTC)
-    resources = {"cpu": "8", "memory": "32Gi", "pods": "110"}
-    admin.create(
-        Node(
-            metadata=ObjectMeta(name=name, labels={"kubernetes.io/hostname": name}),
-            status=NodeStatus(
-                capacity=resources,
-                allocatable=resources,
-                conditions=[
-                    NodeCondition(
-                        type="Ready", status="True", reason="KubeletReady",
-                        message="fake node, no kubelet", lastHeartbeatTime=now,
-                        lastTransitionTime=now,
-                    )
-                ],
-            ),
-        )
-    )  # fmt: skip
+    name = create_node(admin, f"e2e-node-{uuid.uuid4().hex[:6]}",
+                       resources={"cpu": "8", "memory": "32Gi", "pods": "110"})
     yield name
     admin.delete(Node, name)
 
@@ -209,8 +190,8 @@ def test_scheduler_binds_pods(admin: Client, namespace: str, node: str) -> None:
     got = admin.get(Node, node)
     assert got.status.allocatable["pods"] == "110"
     admin.create(pod("bind-me", nodeSelector={"kubernetes.io/hostname": node}), namespace=namespace)
-    # The admission plugin TaintNodesByCondition taints a new Node not-ready; the node
-    # lifecycle controller lifts the taint when it sees Ready=True, then the scheduler binds.
+    # The admission plugin TaintNodesByCondition taints a new Node not-ready; create_node lifts
+    # it, as the node-lifecycle controller would on Ready=True; then the scheduler binds.
     assert wait_for("the pod to be bound", lambda: bound_to(admin, namespace, "bind-me")) == node
 
 
