@@ -197,3 +197,50 @@ async def test_agent_waits_for_its_node_to_appear(short_dir):
         await wait_until(lambda: h.counts() == advertised_resources(Mode.CGPU, [15]))
     finally:
         await h.close()
+
+
+async def test_another_gpu_plugin_keeps_nvidia_gpu(short_dir):
+    """NVIDIA's device plugin (or the GPU Operator's) already serves this node's GPUs: the agent
+    does not register nvidia.com/gpu beside it (the kubelet would keep only the last one), says
+    so in its log, a node Event and a metric, and still serves its shared resources."""
+    from agent_helpers import Harness
+
+    from sharegpu.agent.devices import Device
+    from sharegpu.agent.metrics import render
+    from sharegpu.agent.plugin import DevicePlugin
+    from sharegpu.agent.service import Agent
+
+    h = Harness(short_dir, [("Tesla-T4", 15), ("Tesla-T4", 15)], "cgpu")
+    await h.kubelet.start()
+    other = DevicePlugin(names.RES_NVIDIA_GPU, "nvidia-gpu.sock", backend=None)  # type: ignore[arg-type]
+    uuids = [g.uuid for g in h.nvml.gpus()]
+    await other.start(f"{short_dir}/dp")
+    await other.set_devices([Device(f"{u}::0", i) for i, u in enumerate(uuids)])
+    try:
+        h.agent = Agent(h.config(), h.nvml, h.kube)
+        await h.agent.start()
+        await wait_until(lambda: len(h.kubelet.endpoints) == 4)
+        await asyncio.sleep(0.3)
+        assert names.RES_NVIDIA_GPU not in h.kubelet.endpoints
+        assert names.RES_GPU_MEM in h.kubelet.endpoints
+        assert h.agent.conflicts == {names.RES_NVIDIA_GPU: ["nvidia-gpu.sock"]}
+        (ev,) = [e for e in h.kube.events if e["reason"] == "GPUDevicePluginConflict"]
+        assert ev["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": h.agent.config.node_name, "uid": h.agent.config.node_name}
+        assert "nvidia.com/gpu.deploy.device-plugin=false" in ev["message"]
+        assert ('sharegpu_agent_resource_conflict{resource="nvidia.com/gpu",'
+                'socket="nvidia-gpu.sock"} 1') in render(h.agent)
+    finally:
+        await other.stop()
+        await h.close()
+
+
+async def test_a_stale_foreign_socket_is_no_conflict(harness, short_dir):
+    """A socket file nobody answers on (a plugin that died) does not keep nvidia.com/gpu away."""
+    import os
+    import socket as so
+    os.makedirs(f"{short_dir}/dp", exist_ok=True)
+    dead = so.socket(so.AF_UNIX, so.SOCK_STREAM)
+    dead.bind(f"{short_dir}/dp/nvidia-gpu.sock")
+    dead.close()
+    h = await harness(mode="default")
+    assert names.RES_NVIDIA_GPU in h.kubelet.endpoints and h.agent.conflicts == {}

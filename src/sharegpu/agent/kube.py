@@ -52,6 +52,10 @@ class KubeApi(Protocol):
         """A Warning Event on the pod, from the agent of ``node``."""
         ...
 
+    async def create_node_event(self, node: str, *, reason: str, message: str) -> None:
+        """A Warning Event on the node (namespace ``default``, as the kubelet posts them)."""
+        ...
+
 
 def _merge(target: dict[str, str], patch: Mapping[str, str | None] | None) -> None:
     for k, v in (patch or {}).items():
@@ -137,3 +141,9 @@ class MemoryKube:
 
         self.events.append(pod_event(namespace=namespace, name=pod, uid=uid, reason=reason,
                                      message=message, component=EVENT_COMPONENT, host=node))
+
+    async def create_node_event(self, node, *, reason, message) -> None:  # type: ignore[no-untyped-def]
+        from ..kevents import node_event
+
+        self.events.append(node_event(node, reason=reason, message=message,
+                                      component=EVENT_COMPONENT))

@@ -110,3 +110,12 @@ class LightkubeApi:
         obj = pod_event(namespace=namespace, name=pod, uid=uid, reason=reason, message=message,
                         component=EVENT_COMPONENT, host=node)
         await self.client.create(Event.from_dict(obj), namespace=namespace)
+
+    async def create_node_event(self, node: str, *, reason: str, message: str) -> None:
+        from lightkube.resources.core_v1 import Event
+
+        from ..kevents import node_event
+        from .kube import EVENT_COMPONENT
+
+        obj = node_event(node, reason=reason, message=message, component=EVENT_COMPONENT)
+        await self.client.create(Event.from_dict(obj), namespace="default")

@@ -37,6 +37,11 @@ def render(agent: Agent) -> str:
         "# TYPE sharegpu_agent_isolation_refusals_total counter",
         f"sharegpu_agent_isolation_refusals_total {agent.isolation_refusals}",
     ]
+    lines.append("# TYPE sharegpu_agent_resource_conflict gauge")
+    for resource, sockets in sorted(agent.conflicts.items()):
+        for sock in sockets:
+            lines.append(f'sharegpu_agent_resource_conflict{{resource="{resource}",'
+                         f'socket="{sock}"}} 1')
     mps = read_state(agent.config.state_dir)
     if mps is not None:
         up = 1 if mps.get("state") == "running" else 0

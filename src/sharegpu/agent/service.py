@@ -30,6 +30,7 @@ from .allocate import (
     IsolationUnavailable,
     pending_candidates,
 )
+from .conflicts import gpu_plugins
 from .devices import SOCKETS, DeviceMap, devices_for
 from .isolation import Backend, IsolationConfig, backend_for
 from .kube import KubeApi
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 MODE_FILE = "last-mode"
 CONDITION_ISOLATION = "GPUIsolationReady"  # node condition the agent keeps
 EVENT_ISOLATION = "GPUIsolationUnavailable"  # Warning event on a pod refused for it
+EVENT_CONFLICT = "GPUDevicePluginConflict"  # Warning event on the node
 # Resources whose containers get an isolation back-end: withheld while the back-end is unusable.
 ISOLATED_RESOURCES = frozenset({names.RES_GPU_MEM, names.RES_GPU_CORE, names.RES_GPU_COUNT})
 
@@ -84,6 +86,7 @@ class Agent:
         self.allocations = 0
         self.allocation_failures = 0
         self.isolation_refusals = 0
+        self.conflicts: dict[str, list[str]] = {}  # resource -> other plugins' sockets
         self.readiness: Readiness = READY_NONE
         self._checked_at = 0.0
         self._check_lock = asyncio.Lock()
@@ -365,12 +368,41 @@ class Agent:
             await p.start(d)
         await self._register_all()
 
+    async def _foreign_gpu_plugins(self) -> list[str]:
+        """Other device plugins in the directory serving this node's GPUs (see
+        :mod:`.conflicts`): the agent then leaves ``nvidia.com/gpu`` to them."""
+        found = await gpu_plugins(self.config.device_plugin_dir, SOCKETS.values(),
+                                  [g.uuid for g in self.gpus])
+        names_ = sorted(f.socket for f in found)
+        if names_ != self.conflicts.get(names.RES_NVIDIA_GPU, []):
+            if names_:
+                msg = (f"another device plugin serves this node's GPUs ({', '.join(names_)} in "
+                       f"{self.config.device_plugin_dir}): sharegpu does not register "
+                       f"{names.RES_NVIDIA_GPU} here (the kubelet keeps one plugin per "
+                       "resource); its shared resources are unaffected. To let sharegpu serve "
+                       "whole GPUs too, turn that plugin off on this node (GPU Operator: label "
+                       "the node nvidia.com/gpu.deploy.device-plugin=false)")
+                log.error("%s", msg)
+                with contextlib.suppress(Exception):
+                    await self.kube.create_node_event(
+                        self.config.node_name, reason=EVENT_CONFLICT, message=msg)
+            else:
+                log.info("no other device plugin serves this node's GPUs any more")
+        if names_:
+            self.conflicts[names.RES_NVIDIA_GPU] = names_
+        else:
+            self.conflicts.pop(names.RES_NVIDIA_GPU, None)
+        return names_
+
     async def _register_all(self) -> bool:
         d = self.config.device_plugin_dir
         if not os.path.exists(os.path.join(d, KUBELET_SOCKET)):
             return False
         ok = True
+        foreign = await self._foreign_gpu_plugins()
         for p in self.plugins.values():
+            if foreign and p.resource == names.RES_NVIDIA_GPU:
+                continue  # left to the other plugin
             try:
                 await p.register(d)
             except Exception as e:  # kubelet not answering yet: the watch retries
