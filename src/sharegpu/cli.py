@@ -8,7 +8,9 @@ argument and the rule (exit code 2), never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
 import pkgutil
 import sys
 from collections.abc import Sequence
@@ -89,6 +91,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # the reader went away (``sharegpu simulate --json | head``): stop quietly, and keep
+        # Python from failing again while it flushes stdout at exit
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return 141  # as a process killed by SIGPIPE
+    except OSError as e:  # a file or directory named on the command line
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"sharegpu {args.command}: error: {where}{e.strerror or e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -10,19 +10,19 @@ from .kube import Obj
 
 def make_client(kubeconfig: str | None = None):  # type: ignore[no-untyped-def]
     """An async client: ``kubeconfig`` if given, else in-cluster, else ``$KUBECONFIG``."""
-    from lightkube import AsyncClient, ConfigError, KubeConfig
+    import ssl
 
+    from lightkube import AsyncClient
+
+    from .. import kubeconfig as kc
     from ..errors import ValidationError
 
+    config = kc.load(kubeconfig)
     try:
-        config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
-    except (ConfigError, OSError, ValueError) as e:
-        raise ValidationError(
-            "--kubeconfig", kubeconfig or "",
-            f"no usable cluster configuration ({e}): give a kubeconfig file, run in-cluster, "
-            "or set KUBECONFIG",
-        ) from None
-    return AsyncClient(config=config, field_manager="sharegpu-agent")
+        return AsyncClient(config=config, field_manager="sharegpu-agent")
+    except (OSError, ssl.SSLError) as e:
+        raise ValidationError("kubeconfig", kubeconfig or "", f"credentials do not load: {e}"
+                              ) from None
 
 
 def _plain(obj: Any) -> Obj:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import socket
 import ssl
+
+import httpx2 as httpx
 
 from ..errors import ValidationError
 
@@ -82,6 +85,28 @@ def advertise_url(given: str, port: int, tls: bool) -> str:
     return f"{'https' if tls else 'http'}://{host}:{port}"
 
 
+async def _start_retrying(replica, host: str, port: int, ctx, stop: asyncio.Event) -> bool:  # type: ignore[no-untyped-def]
+    """Start the replica; while the API server cannot be reached or refuses (not yet up, RBAC
+    not yet applied), log one line and try again with back-off (0.5 s doubling to 30 s).
+    ``False`` when stopped before it could start."""
+    from ..extender.kube import ApiError
+
+    log = logging.getLogger(__name__)
+    delay, attempt = 0.5, 0
+    while not stop.is_set():
+        attempt += 1
+        try:
+            await replica.start(host, port, ssl_context=ctx)
+            return True
+        except (ApiError, OSError, httpx.HTTPError) as e:
+            log.warning("cannot list the cluster yet (attempt %d: %s: %s); retrying in %.1fs",
+                        attempt, type(e).__name__, e, delay)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), delay)
+        delay = min(delay * 2, 30.0)
+    return False
+
+
 async def _serve(args: argparse.Namespace) -> int:
     from ..extender.kube import KubeApi
     from ..extender.replica import Replica
@@ -100,7 +125,9 @@ async def _serve(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await replica.start(host, port, ssl_context=ctx)
+    if not await _start_retrying(replica, host, port, ctx, stop):
+        await api.close()
+        return 0
     logging.getLogger(__name__).info("sharegpu extender %s listening on %s:%d", args.id, host,
                                      replica.port)
     await stop.wait()

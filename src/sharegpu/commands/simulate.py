@@ -36,6 +36,29 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
                    help="seed of the generated cluster and workload (without --trace)")
 
 
+def check_plot_path(path: Path) -> None:
+    """Before a run: the plot can be drawn (matplotlib, the ``plot`` extra) and written there."""
+    import os
+    import tempfile
+
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ValidationError("--plot", str(path), "needs matplotlib: pip install "
+                              "'sharegpu[plot]' (or pip install matplotlib)") from None
+    parent = path.expanduser().resolve().parent
+    if not parent.is_dir():
+        raise ValidationError("--plot", str(path), f"directory {parent} does not exist")
+    try:  # a real write: permissions alone do not tell (root, /proc, read-only mounts)
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".sharegpu-plot-"):
+            pass
+    except OSError as e:
+        raise ValidationError("--plot", str(path),
+                              f"cannot write in {parent} ({e.strerror or e})") from None
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ValidationError("--plot", str(path), "the file is not writable")
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
@@ -45,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
     from ..sim.runner import Source, run_matrix
 
     seeds = parse_seeds(args.seeds)
+    if args.plot:
+        check_plot_path(args.plot)
     if args.trace is not None and not args.trace.is_dir():
         raise ValidationError("--trace", str(args.trace), "must be a folder")
     if args.trace is None:

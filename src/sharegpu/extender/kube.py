@@ -15,7 +15,6 @@ from typing import Any
 import httpx2 as httpx
 from lightkube.config.client_adapter import AsyncClient as _adapter
 from lightkube.config.client_adapter import ConnectionParams
-from lightkube.config.kubeconfig import KubeConfig
 
 PODS = "/api/v1/pods"
 NODES = "/api/v1/nodes"
@@ -53,11 +52,21 @@ class KubeApi:
     @classmethod
     def from_config(cls, kubeconfig: str | None = None) -> KubeApi:
         """In-cluster when running in a pod, else ``kubeconfig`` or ``$KUBECONFIG``."""
-        cfg = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
+        import ssl
+
+        from .. import kubeconfig as kc
+        from ..errors import ValidationError
+
+        cfg = kc.load(kubeconfig)
         single = cfg.get()
-        assert single is not None
+        if single is None:
+            raise ValidationError("kubeconfig", kubeconfig or "", "names no context to use")
         timeout = httpx.Timeout(10.0, read=None)
-        return cls(_adapter(single, ConnectionParams(timeout=timeout)))
+        try:
+            return cls(_adapter(single, ConnectionParams(timeout=timeout)))
+        except (OSError, ssl.SSLError, ValueError) as e:
+            raise ValidationError("kubeconfig", kubeconfig or "",
+                                  f"credentials do not load: {e}") from None
 
     @classmethod
     def from_url(cls, url: str) -> KubeApi:

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import os
+import ssl
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -105,9 +106,15 @@ def load_live(kubeconfig: str | None = None, *, timeout: float = 20.0) -> Object
     except ImportError as e:  # pragma: no cover - lightkube is a dependency
         raise SourceError(f"the Kubernetes client library is missing: {e}") from None
 
+    from .. import kubeconfig as kc
+    from ..errors import ValidationError
+
     path = kubeconfig_path(kubeconfig)
     try:
-        config = KubeConfig.from_file(path) if path else KubeConfig.from_service_account()
+        config = kc.load(path) if path else KubeConfig.from_service_account()
+    except ValidationError as e:
+        raise SourceError(f"{e}; set KUBECONFIG to a working kubeconfig or use --file DUMP"
+                          ) from None
     except ConfigError as e:
         raise SourceError(
             f"no usable cluster configuration ({e}); set KUBECONFIG to your kubeconfig file "
@@ -145,3 +152,6 @@ def load_live(kubeconfig: str | None = None, *, timeout: float = 20.0) -> Object
         raise SourceError(f"talking to the API server at {server} failed: {e}") from None
     except ConfigError as e:
         raise SourceError(f"kubeconfig {path}: {e}") from None
+    except (OSError, ssl.SSLError) as e:  # certificate or key files that do not load
+        raise SourceError(f"kubeconfig {path}: the client credentials do not load: {e}"
+                          ) from None

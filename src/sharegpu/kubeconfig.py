@@ -1,0 +1,127 @@
+"""Reading a kubeconfig strictly, for every sharegpu component and CLI: a file that cannot be
+used is refused up front with one sentence naming the file, the field and the rule — never a
+YAML traceback, a ``KeyError`` or a missing certificate found only when the first request is
+made."""
+
+from __future__ import annotations
+
+import base64
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .errors import ValidationError
+
+FIELD = "kubeconfig"
+
+
+def _fail(path: str, rule: str) -> ValidationError:
+    return ValidationError(FIELD, path, rule)
+
+
+def _named(items: Any, kind: str, name: str, path: str) -> Mapping[str, Any]:
+    if not isinstance(items, list):
+        raise _fail(path, f"'{kind}' must be a list")
+    for item in items:
+        if isinstance(item, Mapping) and item.get("name") == name:
+            body = item.get(kind[:-1])
+            if not isinstance(body, Mapping):
+                raise _fail(path, f"{kind[:-1]} {name!r} has no '{kind[:-1]}' object")
+            return body
+    raise _fail(path, f"no {kind[:-1]} named {name!r} in '{kind}'")
+
+
+def _file(base: Path, ref: Any, what: str, path: str) -> None:
+    if not isinstance(ref, str) or not ref:
+        raise _fail(path, f"{what} must be a file path")
+    f = Path(ref) if os.path.isabs(ref) else base / ref
+    if not f.is_file():
+        raise _fail(path, f"{what} {ref} does not exist")
+
+
+def check(path: str, context: str | None = None) -> None:
+    """Refuse a kubeconfig file that cannot work: unreadable, not YAML, no cluster for the
+    current context, a server that is no URL, certificate or key files that do not exist,
+    inline data that is not base64."""
+    import yaml
+
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise _fail(path, "no such file") from None
+    except IsADirectoryError:
+        raise _fail(path, "is a directory, not a kubeconfig file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise _fail(path, f"cannot be read ({getattr(e, 'strerror', None) or e})") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise _fail(path, f"is not YAML{where}") from None
+    if not isinstance(doc, Mapping):
+        raise _fail(path, "must be a YAML mapping (apiVersion: v1, kind: Config)")
+    name = context or doc.get("current-context")
+    if not isinstance(name, str) or not name:
+        raise _fail(path, "has no current-context (or give a context)")
+    ctx = _named(doc.get("contexts"), "contexts", name, path)
+    cluster = _named(doc.get("clusters"), "clusters", str(ctx.get("cluster") or ""), path)
+    server = cluster.get("server")
+    if not isinstance(server, str) or not server.startswith(("https://", "http://")):
+        raise _fail(path, f"cluster {ctx.get('cluster')!r}: server must be an http(s) URL")
+    base = Path(path).resolve().parent
+    if cluster.get("certificate-authority"):
+        _file(base, cluster["certificate-authority"], "certificate-authority", path)
+    user_name = ctx.get("user")
+    if user_name:
+        user = _named(doc.get("users"), "users", str(user_name), path)
+        for key in ("client-certificate", "client-key", "tokenFile"):
+            if user.get(key):
+                _file(base, user[key], f"user {user_name!r}: {key}", path)
+        for key in ("client-certificate-data", "client-key-data"):
+            if user.get(key):
+                _b64(user[key], f"user {user_name!r}: {key}", path)
+    if cluster.get("certificate-authority-data"):
+        _b64(cluster["certificate-authority-data"], "certificate-authority-data", path)
+
+
+def _b64(value: Any, what: str, path: str) -> None:
+    try:
+        base64.b64decode(str(value), validate=True)
+    except (ValueError, TypeError):
+        raise _fail(path, f"{what} is not base64") from None
+
+
+def default_path() -> str | None:
+    """``$KUBECONFIG`` (the first file of the list that exists), else ``~/.kube/config`` when
+    it exists, else ``None`` (in-cluster)."""
+    env = os.environ.get("KUBECONFIG", "")
+    if env:
+        files = [p for p in env.split(os.pathsep) if p]
+        for p in files:
+            if Path(p).expanduser().is_file():
+                return str(Path(p).expanduser())
+        return files[0] if files else None
+    home = Path("~/.kube/config").expanduser()
+    return str(home) if home.is_file() else None
+
+
+def load(path: str | None = None) -> Any:
+    """A lightkube ``KubeConfig``: from ``path``, else in-cluster, else the default file;
+    checked first (:func:`check`). ValidationError says what is wrong."""
+    from lightkube import ConfigError, KubeConfig
+
+    if path is None and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        path = default_path()
+    try:
+        if path is None:
+            return KubeConfig.from_service_account()
+        check(path)
+        return KubeConfig.from_file(path)
+    except ValidationError:
+        raise
+    except ConfigError as e:
+        raise _fail(path or "(in-cluster)", f"not usable: {e}") from None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise _fail(path or "(in-cluster)", f"not usable: {e}") from None

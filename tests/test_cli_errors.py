@@ -1,0 +1,102 @@
+"""Where users expect one line, they get one: every case here printed a traceback before. Each
+runs the real command in a subprocess and checks the exit code and that stderr is one line
+naming what is wrong (or, for the extender, one line per retry)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(*args: str, env: dict | None = None, timeout: float = 120,
+        pre: str = "") -> subprocess.CompletedProcess:
+    code = f"{pre}\nimport sys\nfrom sharegpu.cli import main\nsys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=ROOT)
+
+
+def inspect(kubeconfig: Path) -> subprocess.CompletedProcess:
+    code = "import sys\nfrom sharegpu.inspect_cgpu.cli import main\nsys.exit(main())"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env={"KUBECONFIG": str(kubeconfig), "PATH": "/usr/bin:/bin",
+                                           "HOME": str(kubeconfig.parent)})
+
+
+def one_line(r: subprocess.CompletedProcess) -> str:
+    assert "Traceback" not in r.stderr, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr
+    return lines[0]
+
+
+def test_generate_into_a_directory_that_cannot_exist():
+    r = run("generate", "--out", "/proc/nope")
+    assert r.returncode == 2
+    assert one_line(r) == "sharegpu generate: error: /proc/nope: No such file or directory"
+
+
+def test_plot_is_checked_before_the_run(tmp_path):
+    r = run("simulate", "--policy", "bestfit", "--seeds", "42", "--plot", "/proc/fig.png")
+    assert r.returncode == 2 and r.stdout == ""  # refused before simulating anything
+    assert one_line(r).startswith("sharegpu simulate: error: --plot='/proc/fig.png': cannot "
+                                  "write in /proc")
+    r = run("simulate", "--seeds", "42", "--plot", str(tmp_path / "f.png"),
+            pre="import sys; sys.modules['matplotlib'] = None")
+    assert r.returncode == 2 and r.stdout == ""
+    assert "needs matplotlib: pip install 'sharegpu[plot]'" in one_line(r)
+
+
+def test_json_into_a_closed_pipe_is_quiet():
+    cmd = (f"{sys.executable} -m sharegpu.cli simulate --policy bestfit --seeds 42 --json "
+           "| head -c 1 >/dev/null")
+    r = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True,
+                       timeout=120, cwd=ROOT)
+    assert "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr
+
+
+KUBECONFIGS = {
+    "not YAML": ("{{{\n", "is not YAML at line 2"),
+    "no clusters": ("apiVersion: v1\nkind: Config\ncurrent-context: x\ncontexts: [{name: x, "
+                    "context: {cluster: c, user: u}}]\nusers: [{name: u, user: {}}]\n",
+                    "'clusters' must be a list"),
+    "missing client certificate": (
+        "apiVersion: v1\nkind: Config\ncurrent-context: x\nclusters: [{name: c, cluster: "
+        "{server: 'https://127.0.0.1:1'}}]\ncontexts: [{name: x, context: {cluster: c, user: "
+        "u}}]\nusers: [{name: u, user: {client-certificate: /nonexistent.crt, client-key: "
+        "/nonexistent.key}}]\n", "user 'u': client-certificate /nonexistent.crt does not exist"),
+    "no context": ("apiVersion: v1\nkind: Config\nclusters: []\n", "has no current-context"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(KUBECONFIGS))
+def test_bad_kubeconfigs_are_one_line(tmp_path, case):
+    text, rule = KUBECONFIGS[case]
+    kc = tmp_path / "kubeconfig"
+    kc.write_text(text)
+    r = inspect(kc)
+    assert r.returncode != 0
+    line = one_line(r)
+    assert line.startswith(f"kubectl inspect cgpu: error: kubeconfig='{kc}': {rule}"), line
+    r = run("extender", "--kubeconfig", str(kc), "--listen", "127.0.0.1:0")
+    assert r.returncode == 2
+    assert one_line(r).startswith(f"sharegpu extender: error: kubeconfig='{kc}': {rule}")
+
+
+def test_extender_waits_for_an_unreachable_api_server():
+    """It retries with back-off and logs one line per attempt, instead of exiting after 0.7 s
+    with an 88-line traceback."""
+    try:
+        r = run("extender", "--api-url", "http://127.0.0.1:1", "--listen", "127.0.0.1:0",
+                timeout=3.0)
+        out = r.stderr
+    except subprocess.TimeoutExpired as e:  # still waiting: what we want
+        out = (e.stderr or b"").decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+    assert "Traceback" not in out
+    attempts = [ln for ln in out.splitlines() if "cannot list the cluster yet" in ln]
+    assert len(attempts) >= 2 and "attempt 1: ConnectError" in attempts[0]
+    assert "retrying in 0.5s" in attempts[0] and "retrying in 1.0s" in attempts[1]
