@@ -100,3 +100,29 @@ def test_extender_waits_for_an_unreachable_api_server():
     attempts = [ln for ln in out.splitlines() if "cannot list the cluster yet" in ln]
     assert len(attempts) >= 2 and "attempt 1: ConnectError" in attempts[0]
     assert "retrying in 0.5s" in attempts[0] and "retrying in 1.0s" in attempts[1]
+
+
+def test_every_option_has_help_that_shows_its_default():
+    import argparse
+
+    from sharegpu.cli import HelpFormatter, build_parser
+
+    p, _ = build_parser()
+    sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sp in sub.choices.items():
+        sp.format_help()  # renders without error
+        for a in sp._actions:
+            if not a.option_strings or a.dest == "help":
+                continue
+            assert a.help, f"sharegpu {name} {a.option_strings[0]} has no help"
+            shown = HelpFormatter("x")._get_help_string(a)
+            if a.default not in (None, False):
+                assert "default" in shown, f"sharegpu {name} {a.option_strings[0]}"
+
+
+def test_policies_says_what_each_does():
+    r = run("policies")
+    lines = dict(ln.split(None, 1) for ln in r.stdout.splitlines())
+    assert lines["strand"].startswith("Strand: FGD's fragmentation gradient")
+    assert lines["default"] == "the default: strand"
+    assert all(len(v) > 20 for k, v in lines.items() if k != "default")

@@ -51,6 +51,17 @@ def positive_float(text: str) -> float:
     return v
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless the text already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if ("default" in text or action.default in (None, False, argparse.SUPPRESS)
+                or not action.option_strings):
+            return text
+        return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
+
+
 class Parser(argparse.ArgumentParser):
     """argparse with exit code 2 and one clear line on bad arguments."""
 
@@ -76,7 +87,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
     cmds = commands()
     for name, mod in cmds.items():
-        sp = sub.add_parser(name, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP))
+        sp = sub.add_parser(name, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP),
+                            formatter_class=HelpFormatter)
         mod.add_arguments(sp)
     return p, cmds
 

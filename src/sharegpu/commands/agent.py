@@ -23,12 +23,14 @@ DESCRIPTION = (
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""),
                    help="this node's name (default: $NODE_NAME)")
-    p.add_argument("--device-plugin-dir", default="/var/lib/kubelet/device-plugins")
+    p.add_argument("--device-plugin-dir", default="/var/lib/kubelet/device-plugins",
+                   help="the kubelet's device-plugin directory (kubelet.sock)")
     p.add_argument("--state-dir", default="/var/lib/sharegpu",
                    help="where the last explicit mode is remembered")
     p.add_argument("--isolation", default="auto", choices=("auto", "hami", "mps", "none"),
                    help="isolation back-end (auto: hami for cgpu/core_mem, mps for mps, else none)")
-    p.add_argument("--nvml", default="real", choices=("real", "fake"))
+    p.add_argument("--nvml", default="real", choices=("real", "fake"),
+                   help="real: the GPUs through NVML; fake: --fake-gpus (development)")
     p.add_argument("--fake-gpus", default="Tesla-T4:15,Tesla-T4:15",
                    help='GPUs of --nvml fake: "NAME:GIB,..." (e.g. Tesla-T4:15,Tesla-T4:15)')
     p.add_argument("--kubeconfig", default=None,
@@ -56,7 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="no API server: an in-memory node (for development with --nvml fake)")
     p.add_argument("--mode", default="default",
                    help="with --standalone: the node's ack.node.gpu.schedule label")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
 
 
 def _listen(text: str) -> tuple[str, int] | None:

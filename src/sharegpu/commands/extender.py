@@ -53,8 +53,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kubeconfig", help="default: in-cluster, else $KUBECONFIG")
     p.add_argument("--api-url", help="plain-HTTP API server URL instead of a kubeconfig "
                    "(kubectl proxy, tests)")
-    p.add_argument("--lease-namespace", default="kube-system")
-    p.add_argument("--lease-name", default="sharegpu-extender")
+    p.add_argument("--lease-namespace", default="kube-system",
+                   help="namespace of the leader-election Lease")
+    p.add_argument("--lease-name", default="sharegpu-extender",
+                   help="name of the leader-election Lease")
     p.add_argument("--id", default=socket.gethostname(),
                    help="replica identity (default: hostname)")
     p.add_argument("--no-leader-election", action="store_true",
@@ -69,7 +71,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "--listen address when it names one)")
     p.add_argument("--check-every", type=float, default=300.0,
                    help="seconds between consistency checks against the pod annotations")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
 
 
 def advertise_url(given: str, port: int, tls: bool) -> str:

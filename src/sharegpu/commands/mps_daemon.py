@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--default-active-thread-percentage", type=int, default=None,
                    help="set_default_active_thread_percentage once the daemon answers (1-100)")
     p.add_argument("--poll", type=float, default=1.0, help="seconds between rounds")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,22 +1,36 @@
-"""``sharegpu policies``: list the placement policies."""
+"""``sharegpu policies``: the placement policies, each with what it does."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 NAME = "policies"
-HELP = "list the placement policies"
+HELP = "list the placement policies and what each does"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     pass
 
 
+def describe(name: str) -> str:
+    """The first sentence of the policy module's docstring."""
+    from ..placement.base import _REGISTRY, _load_all
+
+    _load_all()
+    doc = sys.modules[_REGISTRY[name].__module__].__doc__ or ""
+    text = " ".join(doc.split())
+    end = text.find(". ")
+    return text if end < 0 else text[: end + 1]
+
+
 def run(args: argparse.Namespace) -> int:
     from ..placement.base import ALIASES, available
 
-    for name in available():
-        print(name)
+    names = available()
+    width = max(len(n) for n in [*names, *ALIASES])
+    for name in names:
+        print(f"{name:<{width}}  {describe(name)}")
     for alias, real in ALIASES.items():
-        print(f"{alias} -> {real}")
+        print(f"{alias:<{width}}  the default: {real}")
     return 0

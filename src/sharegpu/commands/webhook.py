@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "asking for aliyun.com/gpu-mem, gpu-core.percentage or aliyun.com/gpu "
                         "with another is refused ('' turns the check off; default "
                         "ack-co-scheduler)")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
 
 
 def run(args: argparse.Namespace) -> int:
