@@ -98,8 +98,14 @@ async def _validate(request: web.Request) -> web.Response:
     except ValidationError as e:
         return web.json_response({"error": str(e)}, status=400)
     if not out["response"]["allowed"]:
-        log.info("refused %s: %s", (body.get("request") or {}).get("name", ""),
-                 out["response"]["status"]["message"])
+        req = body.get("request") or {}
+        obj = req.get("object") if isinstance(req.get("object"), dict) else {}
+        meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+        name = req.get("name") or meta.get("name") or f"{meta.get('generateName') or ''}*"
+        user = (req.get("userInfo") or {}).get("username", "") if isinstance(
+            req.get("userInfo"), dict) else ""
+        log.info("refused pod %s/%s%s: %s", req.get("namespace") or meta.get("namespace", ""),
+                 name, f" (from {user})" if user else "", out["response"]["status"]["message"])
     return web.Response(text=json.dumps(out), content_type="application/json")
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import signal
 
@@ -77,10 +76,10 @@ def run(args: argparse.Namespace) -> int:
     from ..agent.kube import MemoryKube
     from ..agent.nvml import FakeNvml, RealNvml
     from ..agent.service import Agent, AgentConfig
+    from ..logs import configure as configure_logging
     from ..modes import parse_mode
 
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level)
     if not args.node_name:
         raise ValidationError("--node-name", "", "must be set (or the env var NODE_NAME)")
     listen = _listen(args.metrics_listen)

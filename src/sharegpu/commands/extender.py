@@ -139,6 +139,7 @@ async def _serve(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from ..logs import configure as configure_logging
+
+    configure_logging(args.log_level)
     return asyncio.run(_serve(args))

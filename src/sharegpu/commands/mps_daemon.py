@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import shlex
 import signal
 
@@ -38,9 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..agent.mps import MpsConfig, MpsSupervisor
+    from ..logs import configure as configure_logging
 
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level)
     pct = args.default_active_thread_percentage
     if pct is not None and not 1 <= pct <= 100:
         raise ValidationError("--default-active-thread-percentage", pct, "must be 1..100")

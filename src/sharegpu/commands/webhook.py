@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 
 from .extender import listen_address, ssl_context
 
@@ -27,10 +26,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from aiohttp import web
 
+    from ..logs import configure as configure_logging
     from ..webhook import app
 
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level)
     host, port = listen_address(args.listen)
     ctx = None if args.insecure else ssl_context(args.tls_cert, args.tls_key, required=True)
     schedulers = frozenset(n.strip() for n in args.gpu_schedulers.split(",") if n.strip())
