@@ -145,6 +145,27 @@ def test_bad_values_are_refused_naming_the_field():
     assert r.returncode != 0 and "/isolation" in r.stderr and "'auto', 'hami'" in r.stderr
     r = run_helm("template", "x", str(CHART), "--set", "scheduler.mode=other")
     assert r.returncode != 0 and "/scheduler/mode" in r.stderr
+    r = run_helm("template", "x", str(CHART), "--set", "placement.policy=fastest")
+    assert r.returncode != 0 and "/placement/policy" in r.stderr and "'strand'" in r.stderr
+
+
+def test_policy_enum_is_every_policy():
+    from sharegpu.placement.base import ALIASES, available
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["properties"]["placement"]["properties"]["policy"]["enum"] == [
+        *ALIASES, *available()]
+
+
+def test_second_scheduler_survives_drains():
+    docs = render(None)
+    dep = one(docs, "Deployment", "scheduler")
+    terms = dep["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"]
+    assert terms[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    pdb = one(docs, "PodDisruptionBudget", "scheduler")
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
 
 
 # --- least privilege -------------------------------------------------------------------------
