@@ -261,3 +261,46 @@ def test_pip_install_then_kubectl_inspect_cgpu(tmp_path):
     probe = subprocess.run([sys.executable, "-c", "import sharegpu; print(sharegpu.__file__)"],
                            capture_output=True, text=True, env=env, cwd=tmp_path, check=True)
     assert probe.stdout.startswith(str(site))
+
+
+def test_context_picks_another_cluster(capsys, tmp_path):
+    """--context: the kubeconfig's current-context names a dead cluster, another context the
+    live one."""
+    with FakeApi(cc.binpack()) as api:
+        path = tmp_path / "two-contexts"
+        path.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "dead",
+            "clusters": [{"name": "dead", "cluster": {"server": "http://127.0.0.1:1"}},
+                         {"name": "live", "cluster": {"server": api.url}}],
+            "users": [{"name": "u", "user": {"token": "t"}}],
+            "contexts": [{"name": "dead", "context": {"cluster": "dead", "user": "u"}},
+                         {"name": "live", "context": {"cluster": "live", "user": "u"}}],
+        }))
+        assert run_cli(capsys, "--kubeconfig", str(path), "--context", "live") == (
+            0, BINPACK, "")
+        rc, _, err = run_cli(capsys, "--kubeconfig", str(path), "--context", "nope")
+        assert rc == 1 and "no context named 'nope'" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("fixture", sorted(p.name for p in (ROOT / "tests" / "data").glob("*.json")))
+def test_details_totals_agree_with_the_columns(capsys, fixture):
+    """-d: in every node block, the pods' memory columns (GPUs and PENDING) add up to
+    "Allocated", and their compute columns to "Allocated Core"."""
+    rc, out, _ = run_cli(capsys, "--file", str(ROOT / "tests" / "data" / fixture), "-d")
+    assert rc == 0
+    for block in out.split("\nNAME:")[1:]:
+        lines = block.splitlines()
+        head = next(i for i, ln in enumerate(lines) if ln.startswith("NAME "))
+        cols = lines[head].split()
+        mem_cols = [i for i, c in enumerate(cols) if c.endswith("(Allocated)")]
+        core_cols = [i for i, c in enumerate(cols) if c.endswith("(Core%)")]
+        mem = core = 0
+        for ln in lines[head + 1:]:
+            if ln.startswith("Allocated :"):
+                assert int(ln.split()[2]) == mem, block
+            elif ln.startswith("Allocated Core :"):
+                assert int(ln.split()[3]) == core, block
+            elif ln and not ln.startswith(("Total", "-", "Allocated/Total")):
+                cells = ln.split()
+                mem += sum(int(cells[i]) for i in mem_cols)
+                core += sum(int(cells[i]) for i in core_cols)

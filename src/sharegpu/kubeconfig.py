@@ -107,9 +107,10 @@ def default_path() -> str | None:
     return str(home) if home.is_file() else None
 
 
-def load(path: str | None = None) -> Any:
+def load(path: str | None = None, context: str | None = None) -> Any:
     """A lightkube ``KubeConfig``: from ``path``, else in-cluster, else the default file;
-    checked first (:func:`check`). ValidationError says what is wrong."""
+    checked first (:func:`check`, for ``context`` when given). ValidationError says what is
+    wrong."""
     from lightkube import ConfigError, KubeConfig
 
     if path is None and not os.environ.get("KUBERNETES_SERVICE_HOST"):
@@ -117,7 +118,7 @@ def load(path: str | None = None) -> Any:
     try:
         if path is None:
             return KubeConfig.from_service_account()
-        check(path)
+        check(path, context)
         return KubeConfig.from_file(path)
     except ValidationError:
         raise

@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--file", metavar="DUMP",
                    help="read `kubectl get nodes,pods -A -o json` output instead of the cluster "
                    "('-' for standard input)")
+    p.add_argument("--context", metavar="NAME",
+                   help="the kubeconfig context to use (default: its current-context)")
     p.add_argument("--kubeconfig", metavar="FILE",
                    help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then "
                    "in-cluster)")
@@ -58,7 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.file:
             nodes, pods = load_file(args.file)
         else:
-            nodes, pods = load_live(args.kubeconfig, timeout=args.request_timeout)
+            nodes, pods = load_live(args.kubeconfig, timeout=args.request_timeout,
+                                    context=args.context)
         view = build(nodes, pods, args.nodes or None)
     except SourceError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)

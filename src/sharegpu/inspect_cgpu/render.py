@@ -31,6 +31,7 @@ MEM_UNIT = "GiB"
 CLUSTER_LINE = "Allocated/Total GPU Memory In Cluster:"
 CLUSTER_CORE_LINE = "Allocated/Total GPU Core In Cluster:"
 PENDING = "PENDING(Allocated)"
+PENDING_CORE = "PENDING(Core%)"
 
 Line = Sequence[str]  # cells; every cell but the last is tab-terminated (padded to its column)
 
@@ -152,6 +153,10 @@ def details(view: ClusterUsage) -> str:
         pending = n.has_pending
         core = n.shows_core
         header = _header(["NAME", "NAMESPACE"], count, "Allocated", pending, core)
+        # compute asked by pods with no GPU yet: counted in "Allocated Core", so shown too
+        pending_core = core and any(p.pending_core for p in n.pods)
+        if pending_core:
+            header.append(PENDING_CORE)
         table: list[list[str]] = [[*header, ""]]
         for p in n.pods:
             row = [p.name, p.namespace] + [str(p.mem.get(i, 0)) for i in range(count)]
@@ -159,6 +164,8 @@ def details(view: ClusterUsage) -> str:
                 row.append(str(p.pending_mem))
             if core:
                 row += [str(p.core.get(i, 0)) for i in range(count)]
+            if pending_core:
+                row.append(str(p.pending_core))
             table.append([*row, ""])
         table.append(["Allocated :", _ratio_short(n.mem_allocated, n.mem_total), ""])
         table.append(["Total :", str(n.mem_total), ""])

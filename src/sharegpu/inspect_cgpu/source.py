@@ -97,8 +97,10 @@ def kubeconfig_path(explicit: str | None = None) -> str | None:
     return str(default) if default.is_file() else None
 
 
-def load_live(kubeconfig: str | None = None, *, timeout: float = 20.0) -> Objects:
-    """Nodes and pods from the cluster (pods of every namespace)."""
+def load_live(kubeconfig: str | None = None, *, timeout: float = 20.0,
+              context: str | None = None) -> Objects:
+    """Nodes and pods from the cluster (pods of every namespace); ``context`` picks a context
+    of the kubeconfig other than its current one."""
     try:
         from lightkube import ApiError, AsyncClient, ConfigError, KubeConfig
         from lightkube.core.generic_client import httpx
@@ -111,7 +113,7 @@ def load_live(kubeconfig: str | None = None, *, timeout: float = 20.0) -> Object
 
     path = kubeconfig_path(kubeconfig)
     try:
-        config = kc.load(path) if path else KubeConfig.from_service_account()
+        config = kc.load(path, context) if path else KubeConfig.from_service_account()
     except ValidationError as e:
         raise SourceError(f"{e}; set KUBECONFIG to a working kubeconfig or use --file DUMP"
                           ) from None
@@ -124,10 +126,10 @@ def load_live(kubeconfig: str | None = None, *, timeout: float = 20.0) -> Object
         raise SourceError(f"cannot read kubeconfig {path}: {e}") from None
     server = "the cluster"
     with contextlib.suppress(Exception):
-        server = config.get().cluster.server
+        server = config.get(context).cluster.server
 
     async def fetch() -> Objects:
-        client = AsyncClient(config, timeout=timeout)
+        client = AsyncClient(config.get(context) if context else config, timeout=timeout)
         try:
             nodes = [n.to_dict() async for n in client.list(Node, chunk_size=500)]
             pods = [p.to_dict() async for p in client.list(Pod, namespace="*", chunk_size=500)]
