@@ -19,16 +19,15 @@ from typing import Any
 from . import names
 from .errors import ValidationError
 from .modes import Mode, node_placement, parse_mode
+from .quantity import lenient_whole
 from .state import NodeSpec
 from .topology import matrix_from_kinds
 
 
 def quantity(v: Any) -> int:
-    """A whole-number resource quantity from a node's status (0 when absent or not whole)."""
-    try:
-        return int(str(v))
-    except (TypeError, ValueError):
-        return 0
+    """A whole-number resource quantity from a node's status (0 when absent or not whole),
+    read with the Kubernetes grammar (:mod:`sharegpu.quantity`)."""
+    return lenient_whole(v)
 
 
 def infer_mode(allocatable: Mapping[str, Any]) -> Mode:

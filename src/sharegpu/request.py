@@ -7,12 +7,13 @@ milli-GPU units (a GPU of 1000 units), so one core serves both.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from . import names
+from . import names, quantity
 from .errors import ValidationError
 
 
@@ -105,22 +106,23 @@ RULE_INIT_CONTAINER = "GPU resources are not supported in init containers"
 RULE_NO_CONTAINERS = "a pod needs at least one container"
 
 
+_PLAIN = re.compile(r"\+?[0-9]+", re.ASCII)
+
+
 def parse_whole(field_name: str, value: Any, *, minimum: int = 1) -> int:
-    """A non-negative whole number from a Kubernetes quantity (int or plain decimal string)."""
+    """A GPU resource count: a JSON number or plain ASCII digits (the API server hands over
+    quantities in canonical form, ``"4000m"`` as ``"4"``), checked with the Kubernetes quantity
+    grammar and bounds (:mod:`sharegpu.quantity`). A unit is refused: these resources count
+    GiB, percent or cards, so ``4Gi`` would ask for 4,294,967,296 of them."""
     rule = RULE_MEM if minimum >= 1 else "must be a whole number, at least 0"
-    if isinstance(value, bool):
+    if isinstance(value, str) and not _PLAIN.fullmatch(value):
         raise ValidationError(field_name, value, rule)
-    if isinstance(value, int):
-        n = value
-    elif isinstance(value, float) and value.is_integer():
-        n = int(value)
-    elif isinstance(value, str) and value.strip().lstrip("+").isdigit():
-        n = int(value.strip())
-    else:
-        raise ValidationError(field_name, value, rule)
-    if n < minimum:
-        raise ValidationError(field_name, value, rule)
-    return n
+    try:
+        return quantity.whole(field_name, value, minimum=minimum, rule=rule)
+    except ValidationError as e:
+        if "largest quantity" in e.rule:
+            raise
+        raise ValidationError(field_name, value, rule) from None
 
 
 def _resources(container: Mapping[str, Any], path: str) -> dict[str, tuple[str, Any]]:
