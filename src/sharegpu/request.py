@@ -129,10 +129,12 @@ def _resources(container: Mapping[str, Any], path: str) -> dict[str, tuple[str, 
     """GPU resources of a container: name -> (field path, raw value). Limits win; requests that
     disagree with limits are refused."""
     res = container.get("resources") or {}
+    if not isinstance(res, Mapping):
+        raise ValidationError(f"{path}.resources", _short(res), "must be a JSON object")
     limits = res.get("limits") or {}
     requests = res.get("requests") or {}
     if not isinstance(limits, Mapping) or not isinstance(requests, Mapping):
-        raise ValidationError(f"{path}.resources", res, "limits and requests must be maps")
+        raise ValidationError(f"{path}.resources", _short(res), "limits and requests must be maps")
     out: dict[str, tuple[str, Any]] = {}
     for r in names.ALL_GPU_RESOURCES:
         if r in limits:
@@ -146,11 +148,19 @@ def _resources(container: Mapping[str, Any], path: str) -> dict[str, tuple[str, 
     return out
 
 
+def _short(value: Any) -> Any:
+    """A value as an error message shows it: scalars as they are, containers by their type."""
+    return value if isinstance(value, (str, int, float, bool, type(None))) else (
+        type(value).__name__)
+
+
 def _container(
     index: int, container: Mapping[str, Any], gpu_count: int | None
 ) -> tuple[Kind, ContainerRequest | None]:
     path = f"spec.containers[{index}]"
-    name = str(container.get("name", ""))
+    name = container.get("name", "")
+    if not isinstance(name, str):
+        raise ValidationError(f"{path}.name", _short(name), "must be a string")
     res = _resources(container, path)
 
     if names.RES_GPU_COUNT in res:
@@ -221,14 +231,29 @@ def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
         raise ValidationError("pod", type(pod).__name__, "must be a JSON object")
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
-    if not isinstance(meta, Mapping) or not isinstance(spec, Mapping):
-        raise ValidationError("pod", "metadata/spec", "metadata and spec must be JSON objects")
-    labels = dict(meta.get("labels") or {})
+    if not isinstance(meta, Mapping):
+        raise ValidationError("metadata", type(meta).__name__, "must be a JSON object")
+    if not isinstance(spec, Mapping):
+        raise ValidationError("spec", type(spec).__name__, "must be a JSON object")
+    raw_labels = meta.get("labels") or {}
+    if not isinstance(raw_labels, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in raw_labels.items()):
+        raise ValidationError("metadata.labels", type(raw_labels).__name__,
+                              "must be a JSON object of strings")
+    labels = dict(raw_labels)
+    for key in ("namespace", "name", "uid"):
+        if not isinstance(meta.get(key) or "", str):
+            raise ValidationError(f"metadata.{key}", meta.get(key), "must be a string")
     containers = spec.get("containers")
     if not isinstance(containers, list) or not containers:
-        raise ValidationError("spec.containers", containers, RULE_NO_CONTAINERS)
+        raise ValidationError("spec.containers", _short(containers), RULE_NO_CONTAINERS)
+    inits = spec.get("initContainers") or []
+    if not isinstance(inits, list):
+        raise ValidationError("spec.initContainers", type(inits).__name__, "must be a list")
 
-    for i, c in enumerate(spec.get("initContainers") or []):
+    for i, c in enumerate(inits):
+        if not isinstance(c, Mapping):
+            raise ValidationError(f"spec.initContainers[{i}]", _short(c), "must be a JSON object")
         res = _resources(c, f"spec.initContainers[{i}]")
         if res:
             f, v = next(iter(res.values()))

@@ -62,8 +62,15 @@ def review(body: Any, schedulers: frozenset[str] | None = None) -> dict[str, Any
     """The AdmissionReview answer for a review (raises ValidationError on a malformed one).
     ``schedulers``: the schedulerNames that run the extender (``None``: not checked)."""
     req = parse_review(body)
-    kind = (req.get("kind") or {}).get("kind", "Pod")
+    gvk = req.get("kind") or {}
+    if not isinstance(gvk, Mapping):
+        raise ValidationError("request.kind", type(gvk).__name__,
+                              "must be an object (group, version, kind)")
+    kind = gvk.get("kind", "Pod")
     operation = req.get("operation", "CREATE")
+    if not isinstance(kind, str) or not isinstance(operation, str):
+        raise ValidationError("request.kind.kind/request.operation", "",
+                              "must be strings")
     allowed, message = True, ""
     if kind == "Pod" and operation == "CREATE":
         pod = req.get("object")
@@ -90,13 +97,18 @@ def review(body: Any, schedulers: frozenset[str] | None = None) -> dict[str, Any
 
 async def _validate(request: web.Request) -> web.Response:
     try:
-        body = await request.json()
-    except ValueError as e:
+        raw = await request.read()
+        body = json.loads(raw)
+    except RecursionError:
+        return web.json_response({"error": "body: JSON nested too deeply"}, status=400)
+    except (ValueError, UnicodeDecodeError) as e:
         return web.json_response({"error": f"body: must be JSON ({e})"}, status=400)
     try:
         out = review(body, request.app.get(SCHEDULERS))
     except ValidationError as e:
         return web.json_response({"error": str(e)}, status=400)
+    except RecursionError:
+        return web.json_response({"error": "request.object: nested too deeply"}, status=400)
     if not out["response"]["allowed"]:
         req = body.get("request") or {}
         obj = req.get("object") if isinstance(req.get("object"), dict) else {}
