@@ -150,8 +150,9 @@ def _resources(container: Mapping[str, Any], path: str) -> dict[str, tuple[str, 
 
 def _short(value: Any) -> Any:
     """A value as an error message shows it: scalars as they are, containers by their type."""
-    return value if isinstance(value, (str, int, float, bool, type(None))) else (
-        type(value).__name__)
+    if isinstance(value, (str, int, float, bool, type(None))) or value in ([], {}):
+        return value
+    return type(value).__name__
 
 
 def _container(
