@@ -102,3 +102,84 @@ async def test_webhook_http_never_5xx_and_keeps_answering():
             assert "Traceback" not in await r.text()
         r = await client.post("/validate", json=good)
         assert r.status == 200 and (await r.json())["response"]["allowed"] is True
+
+
+def _dump_items() -> list:
+    from pathlib import Path
+
+    return json.loads((Path(__file__).parent / "data" / "core_mem.json").read_text())["items"]
+
+
+def _paths(o: object, p: tuple = ()):  # type: ignore[no-untyped-def]
+    yield p
+    if isinstance(o, dict):
+        for k, v in o.items():
+            yield from _paths(v, (*p, k))
+    elif isinstance(o, list):
+        for i, v in enumerate(o[:3]):
+            yield from _paths(v, (*p, i))
+
+
+DUMP_PATHS = [p for p in _paths(_dump_items()) if p]
+BIG = st.sampled_from([10**5000, "9" * 5000, [[[[[]]]]], {"a": {"b": {"c": {}}}}])
+
+
+@settings(max_examples=800, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from(DUMP_PATHS), st.one_of(JSON, BIG)), min_size=1,
+                max_size=3))
+def test_inspect_reads_any_mutated_dump(changes):
+    """Objects that cannot be read are left out with a warning naming the object and the
+    field; the others are shown; no other exception."""
+    import copy
+
+    from sharegpu.inspect_cgpu import render
+    from sharegpu.inspect_cgpu.model import build
+
+    items = copy.deepcopy(_dump_items())
+    for path, value in changes:
+        obj: object = items
+        try:
+            for k in path[:-1]:
+                obj = obj[k]  # type: ignore[index]
+            obj[path[-1]] = value  # type: ignore[index]
+        except (KeyError, IndexError, TypeError):
+            continue
+    nodes = [x for x in items if isinstance(x, dict) and x.get("kind") == "Node"]
+    pods = [x for x in items if isinstance(x, dict) and x.get("kind") == "Pod"]
+    try:
+        view = build(nodes, pods)
+    except ValidationError as e:
+        assert e.field and e.rule
+        return
+    render.summary(view)
+    render.details(view)
+    json.loads(render.to_json(view))
+    for w in view.warnings:
+        assert "left out" in w or ":" in w
+
+
+def test_inspect_file_edges_exit_codes(tmp_path):
+    import subprocess
+    import sys
+
+    def inspect(*args: str) -> subprocess.CompletedProcess:
+        code = "import sys\nfrom sharegpu.inspect_cgpu.cli import main\nsys.exit(main())"
+        return subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
+                              text=True, timeout=60)
+
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100000 + "]" * 100000)
+    r = inspect("--file", str(deep))
+    assert r.returncode == 1 and "nested too deeply" in r.stderr and "Traceback" not in r.stderr
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({"kind": "List", "items": [kobjects.node("n1", [1] * 1000, "cgpu")]}))
+    r = inspect("--file", str(big), "-d")
+    assert r.returncode == 0 and "GPU999(Allocated)" in r.stdout, r.stderr
+    bad = tmp_path / "bad.json"
+    items = _dump_items()
+    items[0]["metadata"]["labels"] = "not a map"
+    bad.write_text(json.dumps({"kind": "List", "items": items}))
+    r = inspect("--file", str(bad))
+    assert r.returncode == 0 and "Traceback" not in r.stderr
+    assert "left out: metadata.labels must be an object of strings" in r.stderr

@@ -9,6 +9,18 @@ class ShareGpuError(Exception):
     """Base of every error sharegpu raises on purpose."""
 
 
+def _shown(value: Any, limit: int = 200) -> str:
+    """``repr(value)`` for a message, bounded: a number of thousands of digits or a huge string
+    from a client is cut, never the cause of another error."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
+        return "a number of more than 75 digits"
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):
+        return f"a {type(value).__name__}"
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
 class ValidationError(ShareGpuError, ValueError):
     """Bad input: a pod spec, a label, a payload, a trace row, a CLI argument."""
 
@@ -16,7 +28,7 @@ class ValidationError(ShareGpuError, ValueError):
         self.field = field
         self.value = value
         self.rule = rule
-        super().__init__(f"{field}={value!r}: {rule}")
+        super().__init__(f"{field}={_shown(value)}: {rule}")
 
     @property
     def message(self) -> str:

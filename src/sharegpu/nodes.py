@@ -117,8 +117,9 @@ def spec_from_node(node: Mapping[str, Any]) -> NodeSpec | None:
             ) from None
     address = ""
     for a in (node.get("status") or {}).get("addresses") or []:
-        if a.get("type") == "InternalIP":
-            address = str(a.get("address", ""))
+        if isinstance(a, Mapping) and a.get("type") == "InternalIP":
+            found = a.get("address", "")
+            address = found if isinstance(found, str) else ""
             break
     return NodeSpec(
         name=str(name),

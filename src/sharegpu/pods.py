@@ -13,7 +13,9 @@ TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 def is_terminated(pod: Mapping[str, Any]) -> bool:
-    return (pod.get("status") or {}).get("phase") in TERMINAL_PHASES
+    status = pod.get("status") or {}
+    phase = status.get("phase") if isinstance(status, Mapping) else None
+    return isinstance(phase, str) and phase in TERMINAL_PHASES
 
 
 def node_of(pod: Mapping[str, Any]) -> str:

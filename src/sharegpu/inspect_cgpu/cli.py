@@ -33,7 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Show how much GPU memory (and, on core_mem nodes, compute) each shared "
         "GPU has allocated, per node and for the cluster. The cluster comes from KUBECONFIG.",
         epilog="Offline: kubectl get nodes,pods -A -o json > dump.json; "
-        "kubectl inspect cgpu --file dump.json",
+        "kubectl inspect cgpu --file dump.json. Exit codes: 0 shown (objects that cannot be "
+        "read are left out with a warning); 1 the cluster or the dump could not be read; 2 bad "
+        "arguments (or a NODE that shares no GPU memory); 3 an internal error (please report "
+        "it).",
     )
     p.add_argument("nodes", nargs="*", metavar="NODE", help="show only these nodes")
     p.add_argument("-d", "--details", action="store_true",
@@ -69,14 +72,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValidationError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:  # a bug: one line, and an exit code of its own
+        print(f"{PROG}: internal error: {type(e).__name__}: {str(e)[:200]} (please report it)",
+              file=sys.stderr)
+        return 3
     for w in view.warnings:
         print(f"{PROG}: warning: {w}", file=sys.stderr)
-    if args.output == "json":
-        text = render.to_json(view)
-    elif args.details:
-        text = render.details(view)
-    else:
-        text = render.summary(view)
+    try:
+        if args.output == "json":
+            text = render.to_json(view)
+        elif args.details:
+            text = render.details(view)
+        else:
+            text = render.summary(view)
+    except Exception as e:  # a bug: one line, and an exit code of its own
+        print(f"{PROG}: internal error: {type(e).__name__}: {str(e)[:200]} (please report it)",
+              file=sys.stderr)
+        return 3
     try:
         sys.stdout.write(text)
         sys.stdout.flush()

@@ -163,7 +163,14 @@ def build(
     warnings: list[str] = []
     acc: dict[str, _NodeAcc] = {}
     seen: set[str] = set()
+    checked_nodes = []
     for node in nodes:
+        problem = shape_problem(node, "Node")
+        if problem:
+            warnings.append(problem)
+        else:
+            checked_nodes.append(node)
+    for node in checked_nodes:
         name = str((node.get("metadata") or {}).get("name") or "")
         seen.add(name)
         total = shared_memory(node)
@@ -189,6 +196,10 @@ def build(
         )
 
     for pod in pods:
+        problem = shape_problem(pod, "Pod")
+        if problem:
+            warnings.append(problem)
+            continue
         if is_terminated(pod):
             continue
         node = acc.get(node_of(pod))
@@ -211,6 +222,52 @@ def build(
     else:
         ordered = [acc[k] for k in sorted(acc)]
     return ClusterUsage(tuple(a.freeze() for a in ordered), tuple(warnings))
+
+
+def _strings(value: Any) -> bool:
+    return isinstance(value, Mapping) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+
+
+def shape_problem(obj: Any, kind: str) -> str | None:
+    """Why an object of a dump cannot be read as a Node or Pod (the fields inspect reads:
+    metadata with string name, labels and annotations; status and spec objects with the
+    expected types), naming the field and the rule; ``None`` when it can."""
+    if not isinstance(obj, Mapping):
+        return f"a {kind} left out: it is not a JSON object"
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping):
+        return f"a {kind} left out: metadata must be an object"
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        return f"a {kind} left out: metadata.name must be a non-empty string"
+    if kind == "Pod" and not isinstance(meta.get("namespace") or "", str):
+        return f"pod {name} left out: metadata.namespace must be a string"
+    what = f"pod {meta.get('namespace') or 'default'}/{name}" if kind == "Pod" else f"node {name}"
+    for f in ("labels", "annotations"):
+        if meta.get(f) is not None and not _strings(meta[f]):
+            return f"{what} left out: metadata.{f} must be an object of strings"
+    status = obj.get("status")
+    if status is not None and not isinstance(status, Mapping):
+        return f"{what} left out: status must be an object"
+    spec = obj.get("spec")
+    if spec is not None and not isinstance(spec, Mapping):
+        return f"{what} left out: spec must be an object"
+    status, spec = status or {}, spec or {}
+    if kind == "Node":
+        for f in ("allocatable", "capacity"):
+            if status.get(f) is not None and not isinstance(status[f], Mapping):
+                return f"{what} left out: status.{f} must be an object"
+        addresses = status.get("addresses")
+        if addresses is not None and not (isinstance(addresses, list) and all(
+                isinstance(a, Mapping) for a in addresses)):
+            return f"{what} left out: status.addresses must be a list of objects"
+    else:
+        if not isinstance(spec.get("nodeName") or "", str):
+            return f"{what} left out: spec.nodeName must be a string"
+        if not isinstance(status.get("phase") or "", str):
+            return f"{what} left out: status.phase must be a string"
+    return None
 
 
 def _pod_usage(pod: Mapping[str, Any], node: _NodeAcc, warnings: list[str]) -> PodUsage | None:

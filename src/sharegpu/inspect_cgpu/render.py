@@ -53,9 +53,18 @@ def tabwrite(lines: Sequence[Line]) -> list[str]:
                 parts.append(cell.ljust(widths[j]) if j < len(widths) else cell)
             out.append("".join(parts).rstrip())
 
-    def fmt(lo: int, hi: int) -> None:
-        column = len(widths)
-        this = lo
+    # Go's tabwriter formats column by column, recursing into each block of lines that has a
+    # cell in the next column. The same, with an explicit stack: a node with thousands of GPUs
+    # (thousands of columns) needs no thousands of Python frames.
+    frames: list[list[int]] = [[0, len(lines), 0, 0]]  # lo, hi, this, returning from a block
+    while frames:
+        f = frames[-1]
+        lo, hi, this, returning = f
+        column = len(frames) - 1  # == len(widths)
+        if returning:
+            widths.pop()
+            lo = this
+        descended = False
         while this < hi:
             if column >= len(lines[this]) - 1:
                 this += 1
@@ -67,12 +76,14 @@ def tabwrite(lines: Sequence[Line]) -> list[str]:
                 width = max(width, len(lines[this][column]) + PAD)
                 this += 1
             widths.append(width)
-            fmt(lo, this)
-            widths.pop()
-            lo = this
+            f[0], f[1], f[2], f[3] = lo, hi, this, 1
+            frames.append([lo, this, lo, 0])
+            descended = True
+            break
+        if descended:
+            continue
         write(lo, hi)
-
-    fmt(0, len(lines))
+        frames.pop()
     return out
 
 

@@ -31,10 +31,12 @@ class SourceError(ShareGpuError):
     """The cluster or the dump could not be read."""
 
 
-def _collect(doc: Any, nodes: list, pods: list, where: str) -> None:
+def _collect(doc: Any, nodes: list, pods: list, where: str, depth: int = 0) -> None:
+    if depth > 4:
+        raise SourceError(f"{where}: lists nested more than 4 deep; expected kubectl's output")
     if isinstance(doc, list):
         for d in doc:
-            _collect(d, nodes, pods, where)
+            _collect(d, nodes, pods, where, depth + 1)
         return
     if not isinstance(doc, Mapping):
         raise SourceError(f"{where}: expected a JSON object of kind List, NodeList or PodList")
@@ -51,7 +53,7 @@ def _collect(doc: Any, nodes: list, pods: list, where: str) -> None:
         for item in items:
             if isinstance(item, Mapping) and implied and "kind" not in item:
                 item = {**item, "kind": implied}
-            _collect(item, nodes, pods, where)
+            _collect(item, nodes, pods, where, depth + 1)
     # other kinds (Events, Services, ...) in a support bundle are ignored
 
 
@@ -66,7 +68,12 @@ def load_file(path: str) -> Objects:
         raise SourceError(f"--file {where}: not UTF-8 text") from None
     try:
         doc = json.loads(text)
-    except json.JSONDecodeError as e:
+    except RecursionError:
+        raise SourceError(f"--file {where}: JSON nested too deeply to be kubectl's output"
+                          ) from None
+    except ValueError as e:
+        if not isinstance(e, json.JSONDecodeError):  # e.g. a number of thousands of digits
+            raise SourceError(f"--file {where}: not kubectl's JSON ({e})") from None
         raise SourceError(
             f"--file {where}: not JSON (line {e.lineno}, column {e.colno}: {e.msg}); "
             "write it with: kubectl get nodes,pods -A -o json > FILE"
