@@ -35,6 +35,7 @@ var components = map[string]func(args []string) int{
 	"kube-apiserver":          cobraMain(apiserver.NewAPIServerCommand),
 	"kube-controller-manager": cobraMain(controllermanager.NewControllerManagerCommand),
 	"kube-scheduler":          cobraMain(func() *cobra.Command { return scheduler.NewSchedulerCommand() }),
+	"kubelet-devicemanager":   runKubeletDeviceManager,
 	"version":                 runVersion,
 }
 

@@ -1,0 +1,275 @@
+"""The kubelet's device manager against sharegpu's agent, on the real API server.
+
+- :func:`place` makes pods as the extender leaves them: bound to a node (``spec.nodeName``), the
+  decision recorded with :func:`sharegpu.annotations.encode` (both generations, an assume-time
+  per bind), shapes mixed — one container, several containers (possibly on different GPUs),
+  several GPUs (``aliyun.com/gpu-count``), memory and compute (``core_mem``).
+- :class:`DeviceManagerRun` runs ``sharegpu-controlplane kubelet-devicemanager`` (the kubelet's
+  ``pkg/kubelet/cm/devicemanager`` behind the topology manager's admission, see
+  e2e/controlplane/devicemanager.go) and returns its JSON report.
+- :func:`expected` is what a container must get, read from its own pod's annotations and the
+  fake NVML's GPUs alone; :func:`mismatches` compares every container of the report with it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sharegpu import names
+from sharegpu.agent.allocate import ANN_GRANT
+from sharegpu.agent.devices import SEP
+from sharegpu.annotations import Allocation, decode, encode
+
+IMAGE = "registry.invalid/sharegpu/cuda:never-pulled"  # no container runtime: never pulled
+
+
+@dataclass(frozen=True)
+class FakeGpu:
+    index: int
+    name: str
+    gib: int
+
+    @property
+    def uuid(self) -> str:
+        # sharegpu.agent.nvml.FakeNvml's UUIDs
+        i = self.index
+        return f"GPU-fake{i:04d}-0000-4000-8000-{i:012d}"
+
+
+def fake_gpus(spec: str) -> list[FakeGpu]:
+    """``"Tesla-T4:15,..."`` (the agent's --fake-gpus) → the GPUs the fake NVML will report."""
+    out = []
+    for i, part in enumerate(spec.split(",")):
+        name, _, gib = part.rpartition(":")
+        out.append(FakeGpu(i, name, int(gib)))
+    return out
+
+
+def pod_object(name: str, namespace: str, node: str, reqs: Sequence[Mapping[str, int]],
+               alloc: Allocation, assume_ns: int, *, gpu_count: int | None = None,
+               capacity: Mapping[int, int] | None = None) -> dict[str, Any]:
+    """A pod with one container per ``reqs`` entry ({"mem": GiB, "core": %}), bound to ``node``
+    with the extender's annotations for ``alloc``."""
+    containers = []
+    for i, r in enumerate(reqs):
+        limits = {names.RES_GPU_MEM: str(r["mem"])}
+        if r.get("core"):
+            limits[names.RES_GPU_CORE] = str(r["core"])
+        containers.append({"name": f"c{i}", "image": IMAGE,
+                           "resources": {"limits": limits, "requests": dict(limits)}})
+    labels = {"sharegpu-e2e": "devicemanager"}
+    if gpu_count:
+        labels[names.POD_LABEL_GPU_COUNT] = str(gpu_count)
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels,
+                     "annotations": encode(alloc, assume_time_ns=assume_ns,
+                                           gpu_capacity=capacity)},
+        "spec": {"nodeName": node, "containers": containers,
+                 "automountServiceAccountToken": False, "terminationGracePeriodSeconds": 0},
+    }
+
+
+def place(n: int, gpus: Sequence[FakeGpu], *, seed: int, core: bool = False
+          ) -> list[tuple[str, list[dict[str, int]], Allocation, int | None]]:
+    """``n`` pod shapes and placements, as a bin-packing scheduler could have chosen them on
+    these GPUs: (kind, container requests, decision, gpu-count label). With ``core`` every
+    container also asks for compute on its (single) GPU."""
+    rng = random.Random(seed)
+    free_mem = [g.gib for g in gpus]
+    free_core = [100] * len(gpus)
+    out: list[tuple[str, list[dict[str, int]], Allocation, int | None]] = []
+    kinds = ["single"] * 3 + ["multi-container"] * 2 + ([] if core else ["multi-gpu"])
+    for _ in range(100_000):
+        if len(out) == n:
+            break
+        kind = rng.choice(kinds)
+        count = None
+        if kind == "single":
+            reqs = [{"mem": rng.randint(1, 3)}]
+        elif kind == "multi-container":
+            reqs = [{"mem": rng.randint(1, 2)} for _ in range(rng.randint(2, 3))]
+        else:
+            count = 2
+            reqs = [{"mem": 2 * rng.randint(1, 2)}]
+        if core:
+            for r in reqs:
+                r["core"] = rng.choice([5, 10])
+        mem, cores = list(free_mem), list(free_core)
+        alloc_mem: dict[int, dict[int, int]] = {}
+        alloc_core: dict[int, dict[int, int]] = {}
+        for c, r in enumerate(reqs):
+            k = count or 1
+            per = r["mem"] // k
+            fits = [g for g in range(len(gpus)) if mem[g] >= per and cores[g] >= r.get("core", 0)]
+            if len(fits) < k:
+                break
+            chosen = rng.sample(fits, k)
+            for g in chosen:
+                mem[g] -= per
+                cores[g] -= r.get("core", 0)
+            alloc_mem[c] = {g: per for g in chosen}
+            if r.get("core"):
+                alloc_core[c] = {g: r["core"] for g in chosen}
+        else:
+            free_mem, free_core = mem, cores
+            out.append((kind, reqs, Allocation(mem=alloc_mem, core=alloc_core), count))
+    assert len(out) == n, f"only {len(out)} pods fit"
+    return out
+
+
+class DeviceManagerRun:
+    """``sharegpu-controlplane kubelet-devicemanager`` as a process (killed with its group)."""
+
+    READY = b"pod source synced"
+
+    def __init__(self, binary: Path, *, node: str, kubeconfig: Path, plugin_dir: Path,
+                 expect_pods: int, output: Path, log: Path, wait_resources: Sequence[str],
+                 timeout: float = 240) -> None:
+        self.argv = [str(binary), "kubelet-devicemanager", f"--node={node}",
+                     f"--kubeconfig={kubeconfig}", f"--device-plugin-dir={plugin_dir}",
+                     f"--expect-pods={expect_pods}", f"--timeout={int(timeout)}s",
+                     f"--wait-resources={','.join(wait_resources)}", f"--output={output}",
+                     "--v=4"]
+        self.output, self.log, self.timeout = output, log, timeout
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.t0 = 0.0
+
+    def start(self) -> DeviceManagerRun:
+        from .controlplane import _die_with_parent
+
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        self.t0 = time.monotonic()
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=out,
+                                         stderr=subprocess.STDOUT, start_new_session=True,
+                                         preexec_fn=_die_with_parent)
+        return self
+
+    def log_tail(self, n: int = 60) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        """Until the plugins' devices arrived and its pod source has listed the node's pods (so
+        pods bound from now on reach it one watch event at a time)."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while self.READY not in self.log.read_bytes():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"kubelet-devicemanager not ready:\n{self.log_tail()}")
+            time.sleep(0.05)
+
+    def finish(self) -> tuple[dict[str, Any], float]:
+        """Its report and wall time, once it exits."""
+        assert self.proc is not None
+        try:
+            rc = self.proc.wait(timeout=self.timeout + 30)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise AssertionError(
+                f"kubelet-devicemanager still running:\n{self.log_tail()}") from None
+        wall = time.monotonic() - self.t0
+        if rc != 0:
+            raise AssertionError(f"kubelet-devicemanager exited {rc}:\n{self.log_tail()}")
+        return json.loads(self.output.read_text()), wall
+
+    def stop(self) -> None:
+        from .controlplane import _kill_group
+
+        if self.proc is not None:
+            _kill_group(self.proc, grace=5)
+
+    def count(self, text: str) -> int:
+        return self.log.read_text(errors="replace").count(text)
+
+
+def expected(pod: Mapping[str, Any], container: int, gpus: Sequence[FakeGpu],
+             hami_library: str) -> dict[str, str]:
+    """The environment container ``container`` must get, from its own pod's annotations."""
+    alloc = decode(pod["metadata"]["annotations"])
+    assert alloc is not None
+    mem = alloc.mem[container]
+    on = sorted(mem)
+    env = {
+        names.ENV_VISIBLE_DEVICES: ",".join(gpus[g].uuid for g in on),
+        names.ENV_MEM_IDX: ",".join(str(g) for g in on),
+        names.ENV_MEM_POD: str(alloc.total_mem),
+        names.ENV_MEM_CONTAINER: str(sum(mem.values())),
+        names.ENV_MEM_DEV: str(gpus[on[0]].gib),
+        "LD_PRELOAD": hami_library,
+    }
+    for i, g in enumerate(on):
+        env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{mem[g] * 1024}m"
+    core = alloc.core.get(container) or {}
+    if core:
+        env["CUDA_DEVICE_SM_LIMIT"] = str(min(core[g] for g in on if core.get(g)))
+        env["GPU_CORE_UTILIZATION_POLICY"] = "force"
+    else:
+        env["GPU_CORE_UTILIZATION_POLICY"] = "disable"
+    return env
+
+
+def mismatches(report: Mapping[str, Any], pods: Mapping[str, Mapping[str, Any]],
+               gpus: Sequence[FakeGpu], hami_library: str) -> list[str]:
+    """Every way a container of the report differs from what its own pod's decision says: its
+    environment, the plugin devices the kubelet took for it (on the decision's GPUs, as many as
+    it asked for on each), each resource's answer on its own (a compute answer naming other GPUs
+    than the memory answer is hidden by the kubelet's merge), and the pod container the agent
+    says it handed out (``sharegpu.io/allocated-to``)."""
+    by_uuid = {g.uuid: g.index for g in gpus}
+    out: list[str] = []
+    seen = set()
+    for rp in report["pods"]:
+        ref = f"{rp['namespace']}/{rp['name']}"
+        seen.add(ref)
+        pod = pods.get(ref)
+        if pod is None:
+            continue
+        if not rp["admitted"]:
+            out.append(f"{ref}: not admitted: {rp.get('reason')}: {rp.get('message')}")
+            continue
+        alloc = decode(pod["metadata"]["annotations"])
+        assert alloc is not None
+        for i, c in enumerate(rp["containers"]):
+            where = f"{ref}/{c['name']}"
+            if c.get("error"):
+                out.append(f"{where}: {c['error']}")
+                continue
+            for k, v in expected(pod, i, gpus, hami_library).items():
+                if c["envs"].get(k) != v:
+                    out.append(f"{where}: {k}={c['envs'].get(k)!r}, its pod's decision says {v!r}")
+            mem = alloc.mem[i]
+            want_dev = {names.RES_GPU_MEM: mem}
+            if alloc.core.get(i):
+                want_dev[names.RES_GPU_CORE] = dict(alloc.core[i])
+            for res, want in want_dev.items():
+                per: dict[int, int] = {}
+                for d in c["device_ids"].get(res, []):
+                    g = by_uuid.get(d.split(SEP, 1)[0], -1)
+                    per[g] = per.get(g, 0) + 1
+                if per != dict(want):
+                    out.append(f"{where}: {res} devices on GPUs {per}, decision {dict(want)}")
+                resp = c["responses"].get(res) or {}
+                envs = resp.get("envs") or {}
+                vis = envs.get(names.ENV_VISIBLE_DEVICES)
+                if vis != ",".join(gpus[g].uuid for g in sorted(mem)):
+                    out.append(f"{where}: the {res} answer gives {names.ENV_VISIBLE_DEVICES}="
+                               f"{vis!r}")
+                granted = (resp.get("annotations") or {}).get(ANN_GRANT)
+                if granted != f"{ref}/{c['name']}":
+                    out.append(f"{where}: the {res} answer was handed out to {granted!r}")
+    for ref in pods:
+        if ref not in seen:
+            out.append(f"{ref}: not in the device manager's report")
+    return out
+
+
+__all__ = ["IMAGE", "DeviceManagerRun", "FakeGpu", "expected", "fake_gpus", "mismatches",
+           "place", "pod_object"]
