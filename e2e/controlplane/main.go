@@ -5,6 +5,7 @@
 //	sharegpu-controlplane kube-apiserver [flags]
 //	sharegpu-controlplane kube-controller-manager [flags]
 //	sharegpu-controlplane kube-scheduler [flags]
+//	sharegpu-controlplane kubelet-devicemanager [flags]
 //	sharegpu-controlplane version
 //
 // The first argument picks the component (or the binary's own name, when it is invoked through a
