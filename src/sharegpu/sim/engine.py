@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import ValidationError
 from ..placement.base import get_policy
 from ..placement.fragmentation import TargetWorkload
 from ..placement.policies.fgd import FragmentationModel
@@ -55,6 +56,21 @@ def curve_points(arrived_pct: np.ndarray, alloc_pct: np.ndarray) -> list[float |
             sel = (a >= x - 1) & (a <= x + 1)
         out.append(round(float(b[sel].mean()), 2) if sel.any() else None)
     return out
+
+
+def crossing(arrived_pct: np.ndarray, alloc_pct: np.ndarray, x: float) -> float | None:
+    """The allocation % when the arrived demand crosses ``x`` %, interpolated between the last
+    arrival below it and the first at or above it (a pod larger than 2 % of the cluster can jump
+    over the ±1 % window of :func:`curve_points`); ``None`` when demand never reaches ``x``."""
+    above = np.flatnonzero(arrived_pct >= x)
+    if len(above) == 0:
+        return None
+    j = int(above[0])
+    if j == 0 or arrived_pct[j] == arrived_pct[j - 1]:
+        return round(float(alloc_pct[j]), 2)
+    a0, a1 = float(arrived_pct[j - 1]), float(arrived_pct[j])
+    b0, b1 = float(alloc_pct[j - 1]), float(alloc_pct[j])
+    return round(b0 + (b1 - b0) * (x - a0) / (a1 - a0), 2)
 
 
 def run_one(
@@ -104,7 +120,15 @@ def run_one(
             on_progress(i)
     curve = curve_points(arrived / capacity / 10.0, used / capacity / 10.0)
     at100 = curve[100]
-    unalloc = 100.0 - at100 if at100 is not None else float("nan")
+    if at100 is None:
+        at100 = crossing(arrived / capacity / 10.0, used / capacity / 10.0, 100.0)
+    if at100 is None:
+        raise ValidationError(
+            "workload", workload_name,
+            f"its GPU demand never reaches 100 % of the cluster's capacity (it reaches "
+            f"{float(arrived[-1]) / capacity / 10.0:.1f} % after inflating it "
+            f"{inflation:g}×): use a larger workload or a smaller cluster")
+    unalloc = 100.0 - at100
     if frag_at_100 is None:
         live = np.flatnonzero(state.active[: state.n])
         frag_at_100 = float(fmodel.nodes(state, live).sum()) / total_units * 100.0

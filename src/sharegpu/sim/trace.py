@@ -59,33 +59,61 @@ class TracePod:
 def _rows(path: Path, required: Iterable[str]) -> list[tuple[int, dict[str, str]]]:
     if not path.is_file():
         raise ValidationError("trace file", str(path), "does not exist")
-    with path.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        header = reader.fieldnames or []
-        missing = [c for c in required if c not in header]
-        if missing:
-            raise ValidationError(
-                f"{path.name}: header", ",".join(header), f"needs columns {', '.join(missing)}"
-            )
-        return [(n + 2, row) for n, row in enumerate(reader)]
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            header = reader.fieldnames or []
+            missing = [c for c in required if c not in header]
+            if missing:
+                raise ValidationError(
+                    f"{path.name}: header", ",".join(header)[:200],
+                    f"needs columns {', '.join(missing)}"
+                )
+            return [(n + 2, row) for n, row in enumerate(reader)]
+    except UnicodeDecodeError as e:
+        raise ValidationError(path.name, f"byte {e.start}", "must be UTF-8 text") from None
+    except csv.Error as e:  # a field over the csv module's limit, a NUL byte, ...
+        raise ValidationError(path.name, str(path), f"is not a readable CSV file ({e})"
+                              ) from None
+    except OSError as e:
+        raise ValidationError("trace file", str(path), f"cannot be read ({e.strerror or e})"
+                              ) from None
+
+
+# Bounds far above any real machine, so a typo or a hostile file cannot make the simulator
+# allocate huge arrays or overflow numpy's int64.
+MAXIMA = {"gpu": 64, "num_gpu": 64, "cpu_milli": 10**9, "memory_mib": 10**12,
+          "gpu_milli": 1000}
 
 
 def _int(path: Path, line: int, row: dict[str, str], col: str, minimum: int = 0) -> int:
     raw = (row.get(col) or "").strip()
+    field = f"{path.name}:{line}: {col}"
+    if not raw.isascii() or len(raw) > 20:
+        raise ValidationError(field, raw[:20], "must be a whole number")
     try:
         v = int(raw)
     except ValueError:
-        raise ValidationError(
-            f"{path.name}:{line}: {col}", raw, "must be a whole number"
-        ) from None
+        raise ValidationError(field, raw, "must be a whole number") from None
     if v < minimum:
-        raise ValidationError(f"{path.name}:{line}: {col}", raw, f"must be at least {minimum}")
+        raise ValidationError(field, raw, f"must be at least {minimum}")
+    top = MAXIMA.get(col)
+    if top is not None and v > top:
+        raise ValidationError(field, raw, f"must be at most {top}")
     return v
 
 
 def read_nodes(path: Path) -> list[NodeSpec]:
     nodes = []
+    seen: dict[str, int] = {}
     for line, row in _rows(path, NODE_COLUMNS):
+        name = (row.get("sn") or "").strip()
+        if name in seen:
+            raise ValidationError(f"{path.name}:{line}: sn", name,
+                                  f"names a node already listed on line {seen[name]}: node "
+                                  "names must be unique")
+        if name:
+            seen[name] = line
         gpus = _int(path, line, row, "gpu")
         if gpus == 0:
             continue
