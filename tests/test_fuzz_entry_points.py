@@ -183,3 +183,49 @@ def test_inspect_file_edges_exit_codes(tmp_path):
     r = inspect("--file", str(bad))
     assert r.returncode == 0 and "Traceback" not in r.stderr
     assert "left out: metadata.labels must be an object of strings" in r.stderr
+
+
+def _extender_app():  # type: ignore[no-untyped-def]
+    from sharegpu.extender.bind import Binder
+    from sharegpu.extender.memapi import MemoryApi
+    from sharegpu.extender.metrics import Metrics
+    from sharegpu.extender.server import ExtenderApp
+    from sharegpu.extender.view import ClusterView
+
+    view = ClusterView()
+    view.reset([kobjects.node("a", [16, 16], "cgpu"), kobjects.node("b", [16, 16], "core_mem")],
+               [])
+    return ExtenderApp(view, Binder(MemoryApi([]), lambda: view), Metrics(lambda: view))
+
+
+EXTENDER = _extender_app()
+EXT_PATHS = st.sampled_from([
+    ["Pod"], ["Pod", "metadata"], ["Pod", "spec"], ["Pod", "metadata", "labels"],
+    ["Pod", "spec", "containers"], ["NodeNames"], ["Nodes"], ["Pod", "metadata", "name"],
+    ["Pod", "metadata", "uid"], ["Pod", "spec", "nodeName"]])
+
+
+def _ext_body(path: list, value: object) -> dict:
+    body: dict = {"Pod": kobjects.pod("p", mem=4), "NodeNames": ["a", "b"]}
+    obj: object = body
+    for k in path[:-1]:
+        obj = obj[k]  # type: ignore[index]
+    obj[path[-1]] = value  # type: ignore[index]
+    return body
+
+
+@settings(max_examples=1500, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(JSON, st.builds(_ext_body, EXT_PATHS, JSON)))
+def test_extender_verbs_never_5xx(body):
+    import asyncio
+
+    from sharegpu.extender.httpserver import Request
+
+    raw = json.dumps(body).encode()
+    for verb in ("filter", "prioritize"):
+        r = getattr(EXTENDER, verb)(Request("POST", f"/{verb}", body=raw))
+        assert r.status < 500
+        json.loads(r.body)
+    r = asyncio.run(EXTENDER.bind(Request("POST", "/bind", body=raw)))
+    assert r.status < 500 and "Error" in json.loads(r.body)

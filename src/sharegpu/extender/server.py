@@ -96,7 +96,9 @@ class ExtenderApp:
     def _body(self, request: Request) -> Any:
         try:
             return json.loads(request.body)
-        except ValueError as e:
+        except RecursionError:
+            raise ValidationError("body", "", "JSON nested too deeply") from None
+        except (ValueError, UnicodeDecodeError) as e:
             raise ValidationError("body", "", f"must be JSON ({e})") from None
 
     def _bad(self, verb: str, e: ValidationError, result: Any) -> Response:

@@ -88,10 +88,13 @@ class PlacementReader:
     def request(self, obj: Mapping[str, Any]) -> PodRequest:
         spec = obj.get("spec") or {}
         meta = obj.get("metadata") or {}
+        if not isinstance(spec, Mapping) or not isinstance(meta, Mapping):
+            return parse_pod(obj)  # refuses it, naming the field
         containers = spec.get("containers")
-        if spec.get("initContainers") or not isinstance(containers, list):
-            return parse_pod(obj)
         labels = meta.get("labels") or {}
+        if (spec.get("initContainers") or not isinstance(containers, list)
+                or not isinstance(labels, Mapping)):
+            return parse_pod(obj)
         parts: list[Any] = [labels.get(names.POD_LABEL_GPU_COUNT)]
         try:
             for c in containers:
@@ -103,8 +106,10 @@ class PlacementReader:
                         parts.append((r, str(lim.get(r)), str(req.get(r))))
             key = tuple(parts)
             hash(key)
-        except (AttributeError, TypeError):
+        except (AttributeError, TypeError, ValueError):
             return parse_pod(obj)
+        if not all(isinstance(meta.get(k) or "", str) for k in ("name", "namespace", "uid")):
+            return parse_pod(obj)  # refuses it, naming the field
         base = self._req.get(key)
         if base is None:
             base = parse_pod(obj)

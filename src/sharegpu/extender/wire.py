@@ -75,7 +75,8 @@ def parse_args(body: Any) -> ExtenderArgs:
             raise ValidationError("Nodes.items", items, "must be a list of Node objects")
         names: list[str] = []
         for i, n in enumerate(items):
-            name = (n.get("metadata") or {}).get("name") if isinstance(n, Mapping) else None
+            meta = n.get("metadata") if isinstance(n, Mapping) else None
+            name = meta.get("name") if isinstance(meta, Mapping) else None
             if not isinstance(name, str) or not name:
                 raise ValidationError(f"Nodes.items[{i}].metadata.name", name, "must be set")
             names.append(name)
