@@ -286,3 +286,81 @@ def test_tls(tmp_path: Path) -> None:
                 pass
 
     serve(body, tls=server_ctx)
+
+
+# --- limits on what a client controls -------------------------------------------------------
+
+def test_idle_connections_are_closed() -> None:
+    async def body(port: int) -> None:
+        r, w = await connect(port)
+        w.write(b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (await read_response(r))[0] == 200
+        # then nothing: the server closes it after idle_timeout
+        assert await asyncio.wait_for(r.read(), 3) == b""
+        w.close()
+
+    serve(body, idle_timeout=0.5)
+
+
+def test_a_slowloris_gets_408_and_is_closed() -> None:
+    async def body(port: int) -> None:
+        r, w = await connect(port)
+        w.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        for _ in range(2):  # a byte now and then keeps it "active", never complete
+            await asyncio.sleep(0.2)
+            w.write(b"a")
+        status, _, out = await asyncio.wait_for(read_response(r), 3)
+        assert status == 408 and b"not received in time" in out
+        try:  # closed: EOF, or a reset when our last byte crossed the close
+            assert await r.read() == b""
+        except ConnectionResetError:
+            pass
+        w.close()
+
+    serve(body, request_timeout=0.8)
+
+
+def test_a_thousand_idle_connections_and_a_slowloris_leave_healthz_fast() -> None:
+    """1,000 idle keep-alive connections and 100 half-sent requests, against a cap of 512:
+    a new /healthz-style request (a fresh connection, as the kubelet's probe makes) is answered
+    within 100 ms; the oldest idle connections made room."""
+    import time
+
+    async def body(port: int) -> None:
+        held = []
+        for i in range(1100):
+            r, w = await connect(port)
+            if i >= 1000:
+                w.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nab")
+            held.append((r, w))
+        await asyncio.sleep(0.2)
+        worst = 0.0
+        for _ in range(20):
+            t0 = time.perf_counter()
+            r, w = await connect(port)
+            w.write(b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert (await asyncio.wait_for(read_response(r), 1))[0] == 200
+            worst = max(worst, time.perf_counter() - t0)
+            w.close()
+        assert worst < 0.1, worst
+        for _, w in held:
+            w.close()
+
+    serve(body, max_connections=512)
+
+
+def test_body_limit_is_sized_for_node_names() -> None:
+    from sharegpu.extender.httpserver import MAX_BODY
+
+    names = json.dumps({"NodeNames": [f"gpu-node-{i:05d}.cluster.example" for i in range(15000)]})
+    assert len(names) < MAX_BODY // 16  # 15,000 node names fit many times over
+
+    async def body(port: int) -> None:
+        r, w = await connect(port)
+        w.write(f"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: {MAX_BODY + 1}\r\n\r\n"
+                .encode())
+        status, _, out = await read_response(r)
+        assert status == 413 and b"larger than" in out
+        w.close()
+
+    serve(body)

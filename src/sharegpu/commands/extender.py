@@ -69,9 +69,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="where the other replicas reach this one to forward binds while it "
                         "leads (default: http(s)://$POD_IP:PORT when POD_IP is set, else the "
                         "--listen address when it names one)")
+    p.add_argument("--max-body-mib", type=int, default=16,
+                   help="largest request body accepted (kube-scheduler with nodeCacheCapable "
+                        "sends node names: 15,000 nodes take 0.4 MiB; full Node objects need "
+                        "much more)")
     p.add_argument("--check-every", type=float, default=300.0,
                    help="seconds between consistency checks against the pod annotations")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+
+
+def max_body_bytes(mib: int) -> int:
+    if not 1 <= mib <= 4096:
+        raise ValidationError("--max-body-mib", mib, "must be 1..4096")
+    return mib * 1024 * 1024
 
 
 def advertise_url(given: str, port: int, tls: bool) -> str:
@@ -122,7 +132,8 @@ async def _serve(args: argparse.Namespace) -> int:
                       lease_namespace=args.lease_namespace, lease_name=args.lease_name,
                       elect=not args.no_leader_election, check_every=args.check_every,
                       graded_scores=args.graded_scores,
-                      advertise_url=advertise_url(args.advertise_url, port, ctx is not None))
+                      advertise_url=advertise_url(args.advertise_url, port, ctx is not None),
+                      http_limits={"max_body": max_body_bytes(args.max_body_mib)})
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

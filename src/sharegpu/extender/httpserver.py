@@ -9,7 +9,11 @@ extender needs and no more:
 - request bodies by ``Content-Length`` or chunked, at most ``max_body`` bytes (413 beyond);
   headers at most ``max_header`` bytes (431); ``Expect: 100-continue``;
 - 400 for a request that does not parse, 404 for an unknown path, 405 for a wrong method;
-- TLS through the listening socket's ``ssl.SSLContext``.
+- TLS through the listening socket's ``ssl.SSLContext``;
+- limits on what a client controls: a request must arrive whole within ``request_timeout``
+  (408 and close: a slowloris cannot hold a connection), a connection idle for
+  ``idle_timeout`` is closed, and at ``max_connections`` the longest-idle (or stalled)
+  connection makes room for the new one, so a fresh probe (``/healthz``) is always served.
 
 A handler is a plain function, answered in the callback that completed the request (no task),
 or a coroutine function, run as a task while later requests on that connection wait. A handler
@@ -34,9 +38,15 @@ import httptools
 
 log = logging.getLogger(__name__)
 
-MAX_BODY = 256 * 1024 * 1024  # kube-scheduler sends full Node objects without nodeCacheCapable
+# kube-scheduler with nodeCacheCapable (the chart's setting) sends node names: at 15,000 nodes
+# about 0.4 MB of names plus the Pod. Full Node objects (nodeCacheCapable: false) need more:
+# raise it with --max-body-mib.
+MAX_BODY = 16 * 1024 * 1024
 MAX_HEADER = 64 * 1024
 MAX_QUEUED = 64  # pipelined requests held per connection before reading pauses
+IDLE_TIMEOUT = 90.0  # Go's http.Transport keeps idle connections 90 s: close ours no sooner
+REQUEST_TIMEOUT = 10.0  # from a request's first byte to its last
+MAX_CONNECTIONS = 1024
 
 
 @dataclass(slots=True)
@@ -99,6 +109,8 @@ class _Connection(asyncio.Protocol):
         self.closing = False
         self.paused = False
         self.broken: Response | None = None  # the error to answer once the running one is done
+        self.last_activity = 0.0  # loop time of the last byte read or answer written
+        self.request_started: float | None = None  # loop time of an unfinished request's start
         self._reset()
 
     def _reset(self) -> None:
@@ -112,7 +124,16 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        self.last_activity = asyncio.get_running_loop().time()
+        if not self.server.make_room():
+            transport.close()  # every connection is busy answering: refuse this one
+            self.closing = True
+            return
         self.server.connections.add(self)
+
+    @property
+    def idle(self) -> bool:
+        return self.task is None and not self.queue and self.request_started is None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
@@ -121,6 +142,7 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closing or self.broken is not None:
             return
+        self.last_activity = asyncio.get_running_loop().time()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -137,6 +159,7 @@ class _Connection(asyncio.Protocol):
 
     # -- parser callbacks ---------------
     def on_message_begin(self) -> None:
+        self.request_started = asyncio.get_running_loop().time()
         self._reset()
 
     def on_url(self, url: bytes) -> None:
@@ -165,6 +188,7 @@ class _Connection(asyncio.Protocol):
         self.chunks.append(body)
 
     def on_message_complete(self) -> None:
+        self.request_started = None
         url = self.url.decode("latin-1")
         path, _, query = url.partition("?")
         body = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
@@ -212,6 +236,7 @@ class _Connection(asyncio.Protocol):
     def _write(self, resp: Response, keep: bool) -> None:
         if self.transport is None or self.closing:
             return
+        self.last_activity = asyncio.get_running_loop().time()
         self.transport.write(_head(resp.status, resp.content_type, len(resp.body), not keep)
                              + resp.body)
         if not keep:
@@ -234,11 +259,20 @@ class HttpServer:
     """Serves ``routes``: ``{(method, path): handler}``."""
 
     def __init__(self, routes: Mapping[tuple[str, str], Handler], *, max_body: int = MAX_BODY,
-                 max_header: int = MAX_HEADER) -> None:
+                 max_header: int = MAX_HEADER, idle_timeout: float = IDLE_TIMEOUT,
+                 request_timeout: float = REQUEST_TIMEOUT,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
         self.routes = dict(routes)
         self.paths = {p for _, p in self.routes}
         self.max_body = max_body
         self.max_header = max_header
+        self.idle_timeout = idle_timeout
+        self.request_timeout = request_timeout
+        self.max_connections = max_connections
+        self.closed_idle = 0  # connections closed for idling, timed out, or evicted (tests)
+        self.timed_out = 0
+        self.evicted = 0
+        self._reaper: asyncio.Task[None] | None = None
         self.connections: set[_Connection] = set()
         self.running: set[asyncio.Task[None]] = set()  # coroutine handlers not finished yet
         self._server: asyncio.Server | None = None
@@ -253,6 +287,47 @@ class HttpServer:
                 {"Error": f"method {req.method} not allowed on {req.path} (use {allowed})"}, 405)
         return lambda _r: json_response({"Error": f"no such path: {req.path}"}, 404)
 
+    def make_room(self) -> bool:
+        """Below ``max_connections``, or after closing the connection that waits longest
+        while idle or stalled mid-request; ``False`` when every connection is answering."""
+        if len(self.connections) < self.max_connections:
+            return True
+        now = asyncio.get_running_loop().time()
+        victims = [c for c in self.connections
+                   if c.idle or (c.request_started is not None and c.task is None
+                                 and now - c.last_activity > 1.0)]
+        if not victims:
+            return False
+        victim = min(victims, key=lambda c: c.last_activity)
+        self.evicted += 1
+        self._drop(victim)
+        return True
+
+    @staticmethod
+    def _drop(c: _Connection, status: int | None = None) -> None:
+        c.closing = True
+        c.server.connections.discard(c)
+        if c.transport is not None:
+            if status is not None:
+                body = json.dumps({"Error": "request not received in time"}).encode()
+                c.transport.write(_head(status, "application/json", len(body), True) + body)
+            c.transport.close()
+
+    async def _reap(self) -> None:
+        """Once a second: close connections idle too long and requests arriving too slowly."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(min(1.0, self.idle_timeout / 2, self.request_timeout / 2))
+            now = loop.time()
+            for c in list(self.connections):
+                if c.idle and now - c.last_activity > self.idle_timeout:
+                    self.closed_idle += 1
+                    self._drop(c)
+                elif (c.request_started is not None and c.task is None
+                      and now - c.request_started > self.request_timeout):
+                    self.timed_out += 1
+                    self._drop(c, 408)
+
     def crashed(self, req: Request, e: Exception) -> Response:
         log.exception("%s %s failed", req.method, req.path)
         return json_response({"Error": f"internal error: {type(e).__name__}: {e}"}, 500)
@@ -262,7 +337,8 @@ class HttpServer:
         """Listen; returns the port (useful with ``port=0``)."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: _Connection(self), host, port,
-                                                ssl=ssl_context)
+                                                ssl=ssl_context, backlog=1024)
+        self._reaper = loop.create_task(self._reap())
         return int(self._server.sockets[0].getsockname()[1])
 
     async def close(self, grace: float = 10.0) -> None:
@@ -270,6 +346,9 @@ class HttpServer:
         close every connection."""
         if self._server is None:
             return
+        if self._reaper is not None:
+            self._reaper.cancel()
+            self._reaper = None
         self._server.close()
         if self.running:
             _, late = await asyncio.wait(set(self.running), timeout=grace)

@@ -44,7 +44,8 @@ class Replica:
                  elect: bool = True, lease_duration: float = 10.0, renew_deadline: float = 7.0,
                  retry_period: float = 2.0, check_every: float = 300.0,
                  graded_scores: bool = False, advertise_url: str = "",
-                 forward_timeout: float = 8.0) -> None:
+                 forward_timeout: float = 8.0, http_limits: dict[str, Any] | None = None
+                 ) -> None:
         self.api = api
         self.identity = identity
         self.view = ClusterView(policy, graded=graded_scores)
@@ -57,6 +58,7 @@ class Replica:
                 renew_deadline=renew_deadline, retry_period=retry_period,
                 on_change=self._leader_changed, url=advertise_url)
         self.advertise_url = advertise_url
+        self.http_limits = dict(http_limits or {})
         self.forward_timeout = forward_timeout
         self._http: httpx.AsyncClient | None = None
         self.forwarded = 0  # binds passed on to the leader
@@ -149,7 +151,7 @@ class Replica:
     async def start(self, host: str = "127.0.0.1", port: int = 0,
                     ssl_context: ssl.SSLContext | None = None) -> None:
         await self.informer.start()
-        self._server = self.service.server()
+        self._server = self.service.server(**self.http_limits)
         self.port = await self._server.start(host, port, ssl_context)
         if self.elector is not None:
             if not self.elector.url and host not in ("", "0.0.0.0", "::"):

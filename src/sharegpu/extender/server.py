@@ -64,8 +64,9 @@ class ExtenderApp:
             ("GET", "/metrics"): self.metrics_handler,
         }
 
-    def server(self) -> HttpServer:
-        return HttpServer(self.routes())
+    def server(self, **limits: Any) -> HttpServer:
+        """``limits``: HttpServer's (max_body, idle_timeout, request_timeout, ...)."""
+        return HttpServer(self.routes(), **limits)
 
     def _timed(self, verb: str, fn: Callable[[Request], Response]
                ) -> Callable[[Request], Response]:
