@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import ssl
 import sys
 from collections.abc import Mapping
@@ -91,17 +90,9 @@ def load_file(path: str) -> Objects:
 
 def kubeconfig_path(explicit: str | None = None) -> str | None:
     """The kubeconfig file to use, or ``None`` to try the in-cluster service account."""
-    if explicit:
-        return explicit
-    env = os.environ.get("KUBECONFIG", "")
-    if env:
-        files = [p for p in env.split(os.pathsep) if p]
-        for p in files:
-            if Path(p).expanduser().is_file():
-                return str(Path(p).expanduser())
-        return files[0] if files else None
-    default = Path("~/.kube/config").expanduser()
-    return str(default) if default.is_file() else None
+    from ..kubeconfig import default_path
+
+    return explicit or default_path()
 
 
 def load_live(kubeconfig: str | None = None, *, timeout: float = 20.0,
