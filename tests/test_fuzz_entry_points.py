@@ -233,3 +233,74 @@ def test_extender_verbs_never_5xx(body):
         assert r.status < 500 and "Error" in json.loads(r.body)
 
     asyncio.run(verbs())
+
+
+@settings(max_examples=400, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(st.binary(max_size=400), st.binary(max_size=400))
+def test_trace_reader_reads_or_refuses_any_bytes(tmp_path_factory, nodes, pods):
+    from sharegpu.sim.trace import read_nodes, read_pods
+
+    d = tmp_path_factory.mktemp("trace")
+    (d / "n.csv").write_bytes(b"sn,cpu_milli,memory_mib,gpu,model\n" + nodes)
+    (d / "p.csv").write_bytes(b"name,cpu_milli,memory_mib,num_gpu,gpu_milli\n" + pods)
+    for reader, f in ((read_nodes, "n.csv"), (read_pods, "p.csv")):
+        try:
+            reader(d / f)
+        except ValidationError as e:
+            assert e.field and e.rule
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def test_a_huge_body_leaves_memory_bounded():
+    """A 50 MB body (declared, or chunked without a length) is refused with 413 once it passes
+    the 16 MiB limit; the extender's memory grows by far less than the body, and it still
+    answers."""
+    import asyncio
+
+    from sharegpu.extender.httpserver import MAX_BODY, HttpServer, Response
+
+    async def go() -> float:
+        server = HttpServer({("POST", "/x"): lambda r: Response(200, b"{}"),
+                             ("GET", "/x"): lambda r: Response(200, b"{}")})
+        port = await server.start()
+        before = _rss_mib()
+        try:
+            r, w = await asyncio.open_connection("127.0.0.1", port)
+            w.write(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 50000000\r\n\r\n")
+            assert b" 413 " in await r.readline()
+            w.close()
+            r, w = await asyncio.open_connection("127.0.0.1", port)
+            w.write(b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+            chunk = b"%x\r\n" % (1 << 20) + b"a" * (1 << 20) + b"\r\n"
+            status = b""
+            for _ in range(50):
+                try:
+                    w.write(chunk)
+                    await w.drain()
+                except (ConnectionResetError, BrokenPipeError):
+                    break
+            try:  # the 413, unless our later chunks crossed the close and reset the connection
+                status = await r.readline()
+            except ConnectionResetError:
+                status = b"HTTP/1.1 413 (reset)"
+            assert b" 413 " in status
+            w.close()
+            grown = _rss_mib() - before
+            r, w = await asyncio.open_connection("127.0.0.1", port)
+            w.write(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert b" 200 " in await r.readline()
+            w.close()
+            return grown
+        finally:
+            await server.close()
+
+    grown = asyncio.run(go())
+    assert grown < 3 * MAX_BODY / (1 << 20), grown
