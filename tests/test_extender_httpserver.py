@@ -341,6 +341,7 @@ def test_a_thousand_idle_connections_and_a_slowloris_leave_healthz_fast() -> Non
             assert (await asyncio.wait_for(read_response(r), 1))[0] == 200
             worst = max(worst, time.perf_counter() - t0)
             w.close()
+        print(f"healthz worst of 20 beside 1,000 idle + 100 slowloris: {worst * 1000:.1f} ms")
         assert worst < 0.1, worst
         for _, w in held:
             w.close()
