@@ -84,7 +84,7 @@ def test_bad_kubeconfigs_are_one_line(tmp_path, case):
     assert line.startswith(f"kubectl inspect cgpu: error: kubeconfig='{kc}': {rule}"), line
     r = run("extender", "--kubeconfig", str(kc), "--listen", "127.0.0.1:0")
     assert r.returncode == 2
-    assert one_line(r).startswith(f"sharegpu extender: error: kubeconfig='{kc}': {rule}")
+    assert one_line(r).startswith(f"sharegpu extender: error: --kubeconfig='{kc}': {rule}")
 
 
 def test_extender_waits_for_an_unreachable_api_server():

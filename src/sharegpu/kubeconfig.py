@@ -16,8 +16,11 @@ from .errors import ValidationError
 FIELD = "kubeconfig"
 
 
+_FIELD: list[str] = [FIELD]  # the name the current load reports (a flag, when one gave it)
+
+
 def _fail(path: str, rule: str) -> ValidationError:
-    return ValidationError(FIELD, path, rule)
+    return ValidationError(_FIELD[-1], path, rule)
 
 
 def _named(items: Any, kind: str, name: str, path: str) -> Mapping[str, Any]:
@@ -107,7 +110,7 @@ def default_path() -> str | None:
     return str(home) if home.is_file() else None
 
 
-def load(path: str | None = None, context: str | None = None) -> Any:
+def load(path: str | None = None, context: str | None = None, *, field: str = FIELD) -> Any:
     """A lightkube ``KubeConfig``: from ``path``, else in-cluster, else the default file;
     checked first (:func:`check`, for ``context`` when given). ValidationError says what is
     wrong."""
@@ -115,6 +118,7 @@ def load(path: str | None = None, context: str | None = None) -> Any:
 
     if path is None and not os.environ.get("KUBERNETES_SERVICE_HOST"):
         path = default_path()
+    _FIELD.append(field)
     try:
         if path is None:
             return KubeConfig.from_service_account()
@@ -126,3 +130,5 @@ def load(path: str | None = None, context: str | None = None) -> Any:
         raise _fail(path or "(in-cluster)", f"not usable: {e}") from None
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise _fail(path or "(in-cluster)", f"not usable: {e}") from None
+    finally:
+        _FIELD.pop()

@@ -17,7 +17,7 @@ def make_client(kubeconfig: str | None = None):  # type: ignore[no-untyped-def]
     from .. import kubeconfig as kc
     from ..errors import ValidationError
 
-    config = kc.load(kubeconfig)
+    config = kc.load(kubeconfig, field="--kubeconfig" if kubeconfig else "kubeconfig")
     try:
         return AsyncClient(config=config, field_manager="sharegpu-agent")
     except (OSError, ssl.SSLError) as e:

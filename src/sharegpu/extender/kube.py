@@ -57,7 +57,7 @@ class KubeApi:
         from .. import kubeconfig as kc
         from ..errors import ValidationError
 
-        cfg = kc.load(kubeconfig)
+        cfg = kc.load(kubeconfig, field="--kubeconfig" if kubeconfig else "kubeconfig")
         single = cfg.get()
         if single is None:
             raise ValidationError("kubeconfig", kubeconfig or "", "names no context to use")
