@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from ..aio import cancel_all
@@ -173,17 +173,23 @@ class Informer:
     async def check(self, settle_s: float = 5.0) -> list[str]:
         """Relist pods, rebuild a state from their annotations and compare it with the live one
         (in-flight reservations added). Returns the pods that differ; a difference is counted
-        and repaired by a rebuild."""
-        pods, prv = await self.api.list(PODS)
-        want = _rv_int(prv)
-        deadline = time.monotonic() + settle_s
-        # let the watch catch up with the list before comparing
-        while want is not None and time.monotonic() < deadline:
-            have = _rv_int(self.rv[PODS])
-            if have is not None and have >= want:
-                break
-            await asyncio.sleep(0.05)
-        diff = self.compare(pods)
+        and repaired by a rebuild. Pods the view changed or learnt about while the check ran
+        (bound by this replica, or newer watch events) are compared by the view's own record:
+        the list may show them as they were before."""
+        changed = self.view.track_changes()
+        try:
+            pods, prv = await self.api.list(PODS)
+            want = _rv_int(prv)
+            deadline = time.monotonic() + settle_s
+            # let the watch catch up with the list before comparing
+            while want is not None and time.monotonic() < deadline:
+                have = _rv_int(self.rv[PODS])
+                if have is not None and have >= want:
+                    break
+                await asyncio.sleep(0.05)
+            diff = self.compare(pods, changed)
+        finally:
+            self.view.untrack_changes(changed)
         if diff:
             log.warning("consistency check: %d pod(s) differ from their annotations: %s",
                         len(diff), ", ".join(diff[:5]))
@@ -195,7 +201,12 @@ class Informer:
             self.metrics.drifted_pods.set(0)
         return diff
 
-    def compare(self, pods: list[dict[str, Any]]) -> list[str]:
+    def compare(self, pods: list[dict[str, Any]],
+                changed: Collection[str] = ()) -> list[str]:
+        """The pods whose GPUs differ between the live view and a state rebuilt from ``pods``
+        (a list). ``changed``: pods the view changed since the list began; they are taken
+        from the view's own record (the list may predate them: created, bound or deleted
+        since)."""
         from ..errors import PlacementError, ValidationError
         from ..pods import placement_of, unannotated_gpu_pod
 
@@ -206,7 +217,7 @@ class Informer:
         for obj in pods:
             meta = obj.get("metadata") or {}
             key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
-            if key in view.inflight:
+            if key in view.inflight or key in changed:
                 continue
             try:
                 p = placement_of(obj) or view.known_bound(obj)
@@ -217,6 +228,14 @@ class Informer:
                 placed.append(p)
             elif u is not None:
                 unseen.append(u)
+        for key in changed:
+            if key in view.inflight:
+                continue
+            held = view.state.pods.get(key)
+            if key in view.placed:
+                placed.append(view.placed[key])
+            elif key in view.unseen and held is not None:
+                unseen.append((held.request, held.node))
         fresh = ClusterState(specs)
         fresh.restore(placed)
         for req, node in unseen:  # charged after every recorded decision, as a rebuild does

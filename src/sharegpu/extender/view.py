@@ -180,6 +180,9 @@ class ClusterView:
         self._nodes_version = 0  # grows whenever a node is added, changed or removed
         self._passed: tuple[list[str], np.ndarray, int] = ([], np.zeros(0, dtype=np.int64), -1)
         self.synced = False
+        # one set per consistency check under way (track_changes): the pods this view changed
+        # or learnt about since the check began, which its list may show as they were before
+        self._change_logs: list[set[str]] = []
         self.reader = PlacementReader()
         # FGD and strand score a node from that node's row alone, so their scores can be kept
         # per request shape until the node changes (they cache their common shapes themselves;
@@ -280,6 +283,9 @@ class ClusterView:
             except (PlacementError, KeyError) as e:
                 self._problem(key, f"in-flight reservation dropped on rebuild: {e}")
                 del self.inflight[key]
+        if self._change_logs:  # a rebuild during a check: every pod is newer than its list
+            for key in (*self.placed, *self.state.pods, *placed, *map(_key, unseen)):
+                self._touch(key)
         self.state, self.specs, self.placed = state, specs, placed
         known, self.unseen = self.unseen, {}
         for obj in unseen:  # after every recorded decision, as the consistency check does
@@ -384,8 +390,26 @@ class ClusterView:
         except PlacementError as e:
             self._problem(key, f"annotations over-commit: {e}")
 
+    # -- changes seen during a consistency check ---------------
+    def track_changes(self) -> set[str]:
+        """From now on, collect the keys of the pods this view changes (reservations, bindings,
+        releases, watch events, a rebuild) into the returned set, until
+        :meth:`untrack_changes`."""
+        log: set[str] = set()
+        self._change_logs.append(log)
+        return log
+
+    def untrack_changes(self, log: set[str]) -> None:
+        self._change_logs = [x for x in self._change_logs if x is not log]
+
+    def _touch(self, key: str) -> None:
+        for log in self._change_logs:
+            log.add(key)
+
     def upsert_pod(self, obj: Mapping[str, Any]) -> None:
         key = _key(obj)
+        if self._change_logs:
+            self._touch(key)
         if key in self.inflight:
             return
         try:
@@ -420,6 +444,8 @@ class ClusterView:
 
     def delete_pod(self, obj: Mapping[str, Any]) -> None:
         key = _key(obj)
+        if self._change_logs:
+            self._touch(key)
         self._shape_of.pop(key, None)  # its shape stays in the history
         self.placed.pop(key, None)
         self.inflight.pop(key, None)
@@ -660,14 +686,20 @@ class ClusterView:
         r = self.state.reserve(req, i, alloc)
         self.policy.placed(self.state, req, i, r.alloc)
         self.inflight[key] = r
+        if self._change_logs:
+            self._touch(key)
         return r
 
     def release_inflight(self, key: str) -> None:
+        if self._change_logs:
+            self._touch(key)
         if self.inflight.pop(key, None) is not None and key in self.state.pods:
             self.scheduler.release(key)
 
     def bound(self, key: str) -> None:
         """The binding was created: the reservation is now what the pod's annotations say."""
+        if self._change_logs:
+            self._touch(key)
         r = self.inflight.pop(key, None)
         if r is None or key not in self.state.pods:
             return
