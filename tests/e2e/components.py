@@ -24,7 +24,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -182,5 +182,29 @@ def create_node(client: Any, name: str, **kwargs: Any) -> str:
     return name
 
 
+T = TypeVar("T")
+
+
+def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 60.0,
+             every: float = 0.2) -> T:
+    """``fn()``'s first truthy value, asked every ``every`` seconds; an ``ApiError`` counts as
+    not yet (it is named if time runs out). Fails the test after ``timeout`` seconds."""
+    import pytest
+    from lightkube import ApiError
+
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        try:
+            value = fn()
+        except ApiError as e:
+            value, last = None, e
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what} (last error: {last})")
+        time.sleep(every)
+
+
 __all__ = ["CHART", "ROOT", "SharegpuProcess", "chart_docs", "create_node", "free_port", "helm",
-           "install_chart", "node_object", "scheduler_config"]
+           "install_chart", "node_object", "scheduler_config", "wait_for"]

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from lightkube import Client, KubeConfig
 
 from .controlplane import ControlPlane, ControlPlaneError, build
 
@@ -71,3 +72,9 @@ def controlplane(
         print(cp.describe(), file=sys.stderr)
     yield cp
     cp.check_alive()
+
+
+@pytest.fixture(scope="session")
+def admin(controlplane: ControlPlane) -> Client:
+    """A lightkube client with the admin (system:masters) kubeconfig."""
+    return Client(KubeConfig.from_file(controlplane.admin_kubeconfig))

@@ -40,7 +40,7 @@ from lightkube.types import PatchType
 from sharegpu import names
 from sharegpu.modes import Mode, advertised_resources
 
-from .components import CHART, SharegpuProcess, create_node, free_port, helm
+from .components import CHART, SharegpuProcess, create_node, free_port, helm, wait_for
 from .controlplane import ControlPlane
 
 T = TypeVar("T")
@@ -69,21 +69,6 @@ class Report:
         self.lines = []
 
 
-def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 60.0,
-             every: float = 0.2) -> T:
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while True:
-        try:
-            value = fn()
-        except ApiError as e:
-            value, last = None, e
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what} "
-                                 f"(last error: {last})")
-        time.sleep(every)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ import ssl
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -60,6 +60,7 @@ from .components import (
     helm,
     install_chart,
     scheduler_config,
+    wait_for,
 )
 from .controlplane import ControlPlane
 
@@ -91,19 +92,6 @@ ALLOWED: dict[str, set[tuple[str, str, str, str | None]]] = CHART_TESTS.ALLOWED
 BUILTIN: dict[str, set[tuple[str, str]]] = CHART_TESTS.BUILTIN
 
 
-def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 60,
-             every: float = 0.2) -> T:
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            value = fn()
-        except ApiError as e:
-            value, last = None, e
-        if value:
-            return value
-        time.sleep(every)
-    pytest.fail(f"timed out after {timeout}s waiting for {what} (last error: {last})")
 
 
 def get_json(cp: ControlPlane, path: str) -> dict[str, Any]:

@@ -4,10 +4,10 @@ driven through lightkube."""
 
 from __future__ import annotations
 
+import functools
 import json
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TypeVar
 
 import pytest
@@ -25,29 +25,14 @@ from lightkube.resources.core_v1 import ConfigMap, Namespace, Node, Pod, Service
 from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
 
 from .components import create_node
+from .components import wait_for as _wait_for
 from .controlplane import ControlPlane
 
 T = TypeVar("T")
 IMAGE = "registry.invalid/sharegpu/pause:never-pulled"  # no kubelet: never pulled
+wait_for = functools.partial(_wait_for, every=0.5)
 
 
-def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 60, every: float = 0.5) -> T:
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            value = fn()
-        except ApiError as e:
-            value, last = None, e
-        if value:
-            return value
-        time.sleep(every)
-    pytest.fail(f"timed out after {timeout}s waiting for {what} (last error: {last})")
-
-
-@pytest.fixture(scope="module")
-def admin(controlplane: ControlPlane) -> Client:
-    return Client(KubeConfig.from_file(controlplane.admin_kubeconfig))
 
 
 @pytest.fixture

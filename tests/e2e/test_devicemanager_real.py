@@ -33,14 +33,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lightkube import Client, KubeConfig
+from lightkube import Client
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Pod, ServiceAccount
 
 from sharegpu import names
 from sharegpu.annotations import is_assigned
 
-from .components import SharegpuProcess, create_node, free_port
+from .components import SharegpuProcess, create_node, free_port, wait_for
 from .controlplane import ControlPlane
 from .devicemanager_play import DeviceManagerRun, fake_gpus, mismatches, place, pod_object
 
@@ -51,26 +51,13 @@ GPUS = ",".join(["Tesla-T4:15"] * 4 + ["Tesla-V100-SXM2-32GB:32"] * 4)
 N_PODS = 50
 
 
-def _wait(what: str, check: Any, timeout: float = 60.0, every: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-@pytest.fixture(scope="module")
-def admin(controlplane: ControlPlane) -> Client:
-    return Client(KubeConfig.from_file(controlplane.admin_kubeconfig))
 
 
 @pytest.fixture
 def namespace(admin: Client) -> Iterator[str]:
     name = f"dm-{uuid.uuid4().hex[:8]}"
     admin.create(Namespace(metadata=ObjectMeta(name=name)))
-    _wait(f"ServiceAccount {name}/default",
+    wait_for(f"ServiceAccount {name}/default",
           lambda: any(True for _ in admin.list(ServiceAccount, namespace=name)))
     yield name
     admin.delete(Namespace, name)
@@ -160,7 +147,7 @@ def _run(cp: ControlPlane, binary: Path, admin: Client, namespace: str, d: Path,
     print(f"{mode}: {len(bad)} mismatches: {len(wrong)} of {containers} containers differ from "
           f"their own pod's decision, {len(wrong_gpu)} got other GPUs", file=sys.stderr)
     assert bad == [], f"{len(bad)} mismatches:\n" + "\n".join(bad[:40])
-    _wait("every pod marked assigned", lambda: all(
+    wait_for("every pod marked assigned", lambda: all(
         is_assigned(p.metadata.annotations or {}) for p in admin.list(Pod, namespace=namespace)),
         timeout=30)
 

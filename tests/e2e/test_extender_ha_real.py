@@ -66,11 +66,6 @@ NODES = ([("cgpu", [16, 16, 16, 16], "")] * 4 + [("cgpu", [32, 32], "spread")] *
          + [("mps", [16, 16, 16, 16], "binpack")] * 2)
 
 
-@pytest.fixture(scope="module")
-def admin(controlplane: ControlPlane) -> Client:
-    return Client(KubeConfig.from_file(controlplane.admin_kubeconfig))
-
-
 @pytest.fixture
 def report(capsys: pytest.CaptureFixture[str]) -> Iterator[Report]:
     r = Report()

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from lightkube import Client, KubeConfig
+from lightkube import Client
 from lightkube.resources.core_v1 import Event, Node, Pod
 
 from sharegpu import names
@@ -77,11 +77,6 @@ from scheduler_driver import over_commits
 
 RELEASE = "sg-sched"
 MANAGED = (names.RES_GPU_MEM, names.RES_GPU_CORE, names.RES_TOPOLOGY_GPU, names.RES_NVIDIA_GPU)
-
-
-@pytest.fixture(scope="module")
-def admin(controlplane: ControlPlane) -> Client:
-    return Client(KubeConfig.from_file(controlplane.admin_kubeconfig))
 
 
 @pytest.fixture(scope="module")

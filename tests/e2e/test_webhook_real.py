@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import base64
 import copy
+import functools
 import json
 import re
 import ssl
-import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -34,6 +34,7 @@ from sharegpu import request as rules
 from sharegpu.testing.tls import make_certificates
 
 from .components import SharegpuProcess, chart_docs, free_port
+from .components import wait_for as _wait_for
 from .controlplane import ControlPlane
 
 T = TypeVar("T")
@@ -42,17 +43,9 @@ HOOK = "pods.validate.sharegpu.io"
 GPU_SCHEDULER = "ack-co-scheduler"  # the chart's scheduler.name (profile mode)
 VWC_PATH = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
 MEM, CORE = "aliyun.com/gpu-mem", "aliyun.com/gpu-core.percentage"
+wait_for = functools.partial(_wait_for, timeout=30, every=0.1)
 
 
-def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 30,
-             every: float = 0.1) -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(every)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}")
 
 
 def container(name: str = "main", limits: Mapping[str, str] | None = None) -> dict[str, Any]:
