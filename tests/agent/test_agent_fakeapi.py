@@ -3,6 +3,8 @@ node annotations patched, the mode label watched live, a pod marked assigned aft
 
 from __future__ import annotations
 
+import contextlib
+
 import grpc
 from agent_helpers import NODE, make_pod, short_dir, standin_library  # noqa: F401
 from agent_kubelet import TestKubelet, wait_until
@@ -16,26 +18,38 @@ from sharegpu.annotations import is_assigned
 from sharegpu.modes import Mode, advertised_resources
 
 
-async def test_agent_against_fake_api_server(fake_api, short_dir):
+@contextlib.asynccontextmanager
+async def agent_on_fake_api(fake_api, short_dir, *, node_status, pod, gpus, **config):  # type: ignore[no-untyped-def]
+    """A cgpu Node (with ``node_status``) and ``pod`` in the fake API server, a test kubelet,
+    and an agent talking to the API through lightkube; yields (agent, kubelet)."""
     fake_api.create({"apiVersion": "v1", "kind": "Node",
                      "metadata": {"name": NODE, "labels": {names.LABEL_SCHEDULE: "cgpu"}},
-                     "status": {}})
-    pod = make_pod("w", [{"mem": 3}], alloc={0: {1: 3}})
+                     "status": node_status})
     pod.update({"apiVersion": "v1", "kind": "Pod"})
     fake_api.create(pod)
-
     kubelet = TestKubelet(f"{short_dir}/dp")
     await kubelet.start()
     client = make_client(str(fake_api.kubeconfig_path))
     agent = Agent(
         AgentConfig(node_name=NODE, device_plugin_dir=f"{short_dir}/dp",
-                    state_dir=f"{short_dir}/state", kubelet_poll_s=0.05,
-                    isolation_paths=IsolationConfig(hami_library=standin_library())),
-        FakeNvml([("Tesla-T4", 15), ("Tesla-V100-SXM2-32GB", 32)]),
-        LightkubeApi(client),
+                    state_dir=f"{short_dir}/state", kubelet_poll_s=0.05, **config),
+        FakeNvml(gpus), LightkubeApi(client),
     )
     await agent.start()
     try:
+        yield agent, kubelet
+    finally:
+        await agent.stop()
+        await kubelet.stop()
+        await client.close()
+
+
+async def test_agent_against_fake_api_server(fake_api, short_dir):
+    async with agent_on_fake_api(
+            fake_api, short_dir, node_status={},
+            pod=make_pod("w", [{"mem": 3}], alloc={0: {1: 3}}),
+            gpus=[("Tesla-T4", 15), ("Tesla-V100-SXM2-32GB", 32)],
+            isolation_paths=IsolationConfig(hami_library=standin_library())) as (agent, kubelet):
         def counts() -> dict[str, int]:
             return {r: kubelet.count(r) for r in names.ALL_GPU_RESOURCES}
 
@@ -68,34 +82,18 @@ async def test_agent_against_fake_api_server(fake_api, short_dir):
         await wait_until(lambda: agent.labels.get("touched") == "yes")
         assert agent.mode is Mode.CORE_MEM
         assert counts() == advertised_resources(Mode.CORE_MEM, [15, 32])
-    finally:
-        await agent.stop()
-        await kubelet.stop()
-        await client.close()
 
 
 async def test_refusal_event_and_condition_through_the_api(fake_api, short_dir):
     """Fail closed against the API server: the node condition turns False through
     nodes/status and the refused pod gets a core/v1 Event."""
-    fake_api.create({"apiVersion": "v1", "kind": "Node",
-                     "metadata": {"name": NODE, "labels": {names.LABEL_SCHEDULE: "cgpu"}},
-                     "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
-    pod = make_pod("w", [{"mem": 2}], alloc={0: {0: 2}})
-    pod.update({"apiVersion": "v1", "kind": "Pod"})
-    fake_api.create(pod)
-    kubelet = TestKubelet(f"{short_dir}/dp")
-    await kubelet.start()
-    client = make_client(str(fake_api.kubeconfig_path))
     missing = f"{short_dir}/none/libvgpu.so"
-    agent = Agent(
-        AgentConfig(node_name=NODE, device_plugin_dir=f"{short_dir}/dp",
-                    state_dir=f"{short_dir}/state", kubelet_poll_s=0.05, allocate_retries=0,
-                    isolation_paths=IsolationConfig(hami_library=missing)),
-        FakeNvml([("Tesla-T4", 15)]),
-        LightkubeApi(client),
-    )
-    await agent.start()
-    try:
+    async with agent_on_fake_api(
+            fake_api, short_dir,
+            node_status={"conditions": [{"type": "Ready", "status": "True"}]},
+            pod=make_pod("w", [{"mem": 2}], alloc={0: {0: 2}}), gpus=[("Tesla-T4", 15)],
+            allocate_retries=0,
+            isolation_paths=IsolationConfig(hami_library=missing)) as (_agent, kubelet):
         conds = {c["type"]: c for c in fake_api.get("nodes", NODE)["status"]["conditions"]}
         assert conds["Ready"]["status"] == "True"  # the kubelet's conditions are kept
         assert conds["GPUIsolationReady"]["status"] == "False"
@@ -111,7 +109,3 @@ async def test_refusal_event_and_condition_through_the_api(fake_api, short_dir):
         (ev,) = fake_api.objects("events", "default")
         assert ev["reason"] == "GPUIsolationUnavailable" and ev["involvedObject"]["name"] == "w"
         assert not is_assigned(fake_api.get("pods", "w", "default")["metadata"]["annotations"])
-    finally:
-        await agent.stop()
-        await kubelet.stop()
-        await client.close()
