@@ -16,84 +16,90 @@ from .errors import ValidationError
 FIELD = "kubeconfig"
 
 
-_FIELD: list[str] = [FIELD]  # the name the current load reports (a flag, when one gave it)
+class _Bad(Exception):
+    """What is wrong with the file (the rule); :func:`check` names the field and the path."""
 
 
-def _fail(path: str, rule: str) -> ValidationError:
-    return ValidationError(_FIELD[-1], path, rule)
 
-
-def _named(items: Any, kind: str, name: str, path: str) -> Mapping[str, Any]:
+def _named(items: Any, kind: str, name: str) -> Mapping[str, Any]:
     if not isinstance(items, list):
-        raise _fail(path, f"'{kind}' must be a list")
+        raise _Bad(f"'{kind}' must be a list")
     for item in items:
         if isinstance(item, Mapping) and item.get("name") == name:
             body = item.get(kind[:-1])
             if not isinstance(body, Mapping):
-                raise _fail(path, f"{kind[:-1]} {name!r} has no '{kind[:-1]}' object")
+                raise _Bad(f"{kind[:-1]} {name!r} has no '{kind[:-1]}' object")
             return body
-    raise _fail(path, f"no {kind[:-1]} named {name!r} in '{kind}'")
+    raise _Bad(f"no {kind[:-1]} named {name!r} in '{kind}'")
 
 
-def _file(base: Path, ref: Any, what: str, path: str) -> None:
+def _file(base: Path, ref: Any, what: str) -> None:
     if not isinstance(ref, str) or not ref:
-        raise _fail(path, f"{what} must be a file path")
+        raise _Bad(f"{what} must be a file path")
     f = Path(ref) if os.path.isabs(ref) else base / ref
     if not f.is_file():
-        raise _fail(path, f"{what} {ref} does not exist")
+        raise _Bad(f"{what} {ref} does not exist")
 
 
-def check(path: str, context: str | None = None) -> None:
+def check(path: str, context: str | None = None, *, field: str = FIELD) -> None:
     """Refuse a kubeconfig file that cannot work: unreadable, not YAML, no cluster for the
     current context, a server that is no URL, certificate or key files that do not exist,
-    inline data that is not base64."""
+    inline data that is not base64. The ValidationError names ``field`` (the flag that gave
+    the path, when one did)."""
+    try:
+        _check(path, context)
+    except _Bad as e:
+        raise ValidationError(field, path, str(e)) from None
+
+
+def _check(path: str, context: str | None) -> None:
     import yaml
 
     try:
         text = Path(path).read_text()
     except FileNotFoundError:
-        raise _fail(path, "no such file") from None
+        raise _Bad("no such file") from None
     except IsADirectoryError:
-        raise _fail(path, "is a directory, not a kubeconfig file") from None
+        raise _Bad("is a directory, not a kubeconfig file") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise _fail(path, f"cannot be read ({getattr(e, 'strerror', None) or e})") from None
+        raise _Bad(f"cannot be read ({getattr(e, 'strerror', None) or e})") from None
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise _fail(path, f"is not YAML{where}") from None
+        raise _Bad(f"is not YAML{where}") from None
     if not isinstance(doc, Mapping):
-        raise _fail(path, "must be a YAML mapping (apiVersion: v1, kind: Config)")
+        raise _Bad("must be a YAML mapping (apiVersion: v1, kind: Config)")
     name = context or doc.get("current-context")
     if not isinstance(name, str) or not name:
-        raise _fail(path, "has no current-context (or give a context)")
-    ctx = _named(doc.get("contexts"), "contexts", name, path)
-    cluster = _named(doc.get("clusters"), "clusters", str(ctx.get("cluster") or ""), path)
+        raise _Bad("has no current-context (or give a context)")
+    ctx = _named(doc.get("contexts"), "contexts", name)
+    cluster = _named(doc.get("clusters"), "clusters", str(ctx.get("cluster") or ""))
     server = cluster.get("server")
     if not isinstance(server, str) or not server.startswith(("https://", "http://")):
-        raise _fail(path, f"cluster {ctx.get('cluster')!r}: server must be an http(s) URL")
+        raise _Bad(f"cluster {ctx.get('cluster')!r}: server must be an http(s) URL")
     base = Path(path).resolve().parent
     if cluster.get("certificate-authority"):
-        _file(base, cluster["certificate-authority"], "certificate-authority", path)
+        _file(base, cluster["certificate-authority"], "certificate-authority")
     user_name = ctx.get("user")
     if user_name:
-        user = _named(doc.get("users"), "users", str(user_name), path)
+        user = _named(doc.get("users"), "users", str(user_name))
         for key in ("client-certificate", "client-key", "tokenFile"):
             if user.get(key):
-                _file(base, user[key], f"user {user_name!r}: {key}", path)
+                _file(base, user[key], f"user {user_name!r}: {key}")
         for key in ("client-certificate-data", "client-key-data"):
             if user.get(key):
-                _b64(user[key], f"user {user_name!r}: {key}", path)
+                _b64(user[key], f"user {user_name!r}: {key}")
     if cluster.get("certificate-authority-data"):
-        _b64(cluster["certificate-authority-data"], "certificate-authority-data", path)
+        _b64(cluster["certificate-authority-data"], "certificate-authority-data")
 
 
-def _b64(value: Any, what: str, path: str) -> None:
+def _b64(value: Any, what: str) -> None:
     try:
         base64.b64decode(str(value), validate=True)
     except (ValueError, TypeError):
-        raise _fail(path, f"{what} is not base64") from None
+        raise _Bad(f"{what} is not base64") from None
 
 
 def default_path() -> str | None:
@@ -118,17 +124,12 @@ def load(path: str | None = None, context: str | None = None, *, field: str = FI
 
     if path is None and not os.environ.get("KUBERNETES_SERVICE_HOST"):
         path = default_path()
-    _FIELD.append(field)
     try:
         if path is None:
             return KubeConfig.from_service_account()
-        check(path, context)
+        check(path, context, field=field)
         return KubeConfig.from_file(path)
     except ValidationError:
         raise
-    except ConfigError as e:
-        raise _fail(path or "(in-cluster)", f"not usable: {e}") from None
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise _fail(path or "(in-cluster)", f"not usable: {e}") from None
-    finally:
-        _FIELD.pop()
+    except (ConfigError, OSError, ValueError, KeyError, TypeError) as e:
+        raise ValidationError(field, path or "(in-cluster)", f"not usable: {e}") from None
