@@ -313,15 +313,11 @@ class Agent:
         return r
 
     def _guard(self, readiness: Readiness):  # type: ignore[no-untyped-def]
+        """Refuses a container the back-end ``readiness`` describes cannot isolate (also one
+        for another back-end: ``_current_readiness`` checked the node's own)."""
         def guard(backend: Backend, c: Candidate) -> None:
-            if readiness.backend is backend and readiness.ready:
-                return
-            if readiness.backend is not backend:  # cannot happen: one back-end per node
-                readiness_msg = (f"node {self.config.node_name}: isolation back-end "
-                                 f"{backend.value} was not checked")
-            else:
-                readiness_msg = readiness.message(self.config.node_name)
-            raise IsolationUnavailable(readiness_msg, c)
+            if not (readiness.backend is backend and readiness.ready):
+                raise IsolationUnavailable(readiness.message(self.config.node_name), c)
 
         return guard
 
