@@ -157,6 +157,48 @@ def test_compare_reports_ratios(node, standin_vgpu):
     assert out["ok"] is True
 
 
+def test_fill_a_gpu_that_holds_the_pods(node, standin_vgpu):
+    """Four 20 GiB pods on a card with 80 GiB of real memory: each gets its limit, no more."""
+    node["FAKECUDA_GPUS"] = "Fake 80 GiB:81920"
+    r = check(node, "--mem", "20", "--fill", "--hami-library", standin_vgpu, "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    c = rows(r)
+    assert [k for k in c if k.startswith("fill.")] == [
+        "fill.within", "fill.reach", "fill.past", "fill.survives"]
+    assert c["fill.within"]["measured"] == c["fill.reach"]["measured"] == 20480.0
+    assert "4 pods" in c["fill.within"]["note"]
+    assert c["fill.past"]["measured"] == "CUDA_ERROR_OUT_OF_MEMORY (4 pods)"
+    assert c["fill.survives"]["measured"] == "1 MiB allocated (4 pods)"
+    assert all(c[k]["ok"] is True for k in c)
+
+
+def test_fill_past_the_gpus_real_memory(node, standin_vgpu):
+    """An 81,559 MiB H100 is advertised as 80 GiB: the fourth 20 GiB pod gets what is left
+    (81,559 - 3 x 20,480 MiB), cleanly out of memory past it, and the check says why."""
+    r = check(node, "--mem", "20", "--fill", "--hami-library", standin_vgpu, "--json")
+    assert r.returncode == 1, r.stdout + r.stderr
+    c = rows(r)
+    assert c["fill.reach"]["ok"] is False
+    assert c["fill.reach"]["measured"] == 81559 - 3 * 20480
+    assert "less free memory than the limits" in c["fill.reach"]["note"]
+    for key in ("fill.within", "fill.past", "fill.survives"):
+        assert c[key]["ok"] is True, c[key]
+    t = check(node, "--mem", "20", "--fill", "--hami-library", standin_vgpu)
+    assert "FAIL" in table_row(t.stdout, "fill: limit reached")
+
+
+def test_fill_with_a_library_that_lets_pods_past_their_limit(node, standin_vgpu):
+    node["FAKECUDA_GPUS"] = "Fake 80 GiB:81920"
+    node["STANDIN_VGPU_SLACK_MIB"] = "256"
+    r = check(node, "--mem", "20", "--fill", "--hami-library", standin_vgpu, "--json")
+    assert r.returncode == 1
+    c = rows(r)
+    assert c["fill.within"]["ok"] is False and c["fill.within"]["measured"] == 20480 + 256
+    # three pods took 256 MiB more each: the fourth is left 81,920 - 3 x 20,736 MiB
+    assert c["fill.reach"]["ok"] is False and c["fill.reach"]["measured"] == 81920 - 3 * 20736
+    assert c["fill.past"]["measured"] == "CUDA_ERROR_OUT_OF_MEMORY (4 pods)"
+
+
 MPS_STANDIN = str(Path(__file__).resolve().parent.parent / "agent" / "standins"
                   / "nvidia-cuda-mps-control")
 

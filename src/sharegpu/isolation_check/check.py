@@ -17,6 +17,15 @@ whole-card request on a card ACK rounds up, adds a failing ``limit fits the GPU`
 4. two processes of one container: while A holds about half the limit, B sees ``free`` = limit -
    A's usage - B's own context (±1 %), and ``A + B`` at B's largest stays within the limit (+1 %).
 
+``--fill``: as many pods of the request as the scheduler places on the GPU (its GiB, as the
+agent advertises it, over the request's) start one after another, each taking the largest
+allocation it can get and holding it: ``fill: within limits``, no pod's usage (context
+included) is past its limit (+1 %); ``fill: limit reached``, every pod got its limit (-1 %),
+which fails where the GPU's real memory is less than the pods' limits together (an 81,559 MiB
+card advertised as 80 GiB holds four 20 GiB pods only on paper); ``fill: past the limit``, 1 MiB
+more fails with CUDA_ERROR_OUT_OF_MEMORY in every pod, and ``fill: survives``, each pod can
+allocate again after letting go.
+
 Compute (only with ``--core P``, P < 100): pods with P % and 100-P % spin a kernel on one GPU at
 the same time; the first's share of the kernels completed is P (±5 points).
 
@@ -74,6 +83,7 @@ class Request:
     seconds: float = 5.0
     compare: bool = False
     cuda_library: str = "libcuda.so.1"
+    fill: bool = False
 
     @property
     def limit_mib(self) -> int:
@@ -200,6 +210,42 @@ def decide_shared_sum(limit_mib: float, a_used_mib: float, b_own_mib: float,
                  f"at most +1 % (+{mem_tolerance_mib(limit_mib):.0f} MiB)", ok, "MiB",
                  f"A {a_used_mib:.0f} + B's own {b_own_mib:.1f} + B's largest "
                  f"{b_largest_mib:.0f} MiB")
+
+
+def decide_fill_within(limit_mib: float, usages_mib: Sequence[float]) -> Check:
+    worst = max(usages_mib)
+    ok = worst <= limit_mib + mem_tolerance_mib(limit_mib)
+    return Check("fill.within", "fill: within limits", limit_mib, _mib(worst),
+                 f"at most +1 % (+{mem_tolerance_mib(limit_mib):.0f} MiB)", ok, "MiB",
+                 f"the most any of {len(usages_mib)} pods used: "
+                 + ", ".join(f"{u:.0f}" for u in usages_mib) + " MiB")
+
+
+def decide_fill_reach(limit_mib: float, usages_mib: Sequence[float], gpu_mib: float) -> Check:
+    least = min(usages_mib)
+    ok = least >= limit_mib - mem_tolerance_mib(limit_mib)
+    n = len(usages_mib)
+    note = (f"the least any of {n} pods got; {n} x {limit_mib:.0f} = {n * limit_mib:,.0f} MiB "
+            f"of the GPU's {gpu_mib:,.0f} MiB")
+    if not ok:
+        note += ("; the pods started last get what is left: the GPU has less free memory than "
+                 "the limits the scheduler placed on it add up to")
+    return Check("fill.reach", "fill: limit reached", limit_mib, _mib(least),
+                 f"at least -1 % (-{mem_tolerance_mib(limit_mib):.0f} MiB)", ok, "MiB", note)
+
+
+def decide_fill_codes(key: str, name: str, codes: Sequence[int | None], want: int,
+                      names: Mapping[int, str] | None = None) -> Check:
+    names = names or {}
+    wanted = "1 MiB allocated" if want == 0 else names.get(want, OOM_NAME)
+    bad = [(i, c) for i, c in enumerate(codes) if c != want]
+    if not bad:
+        return Check(key, name, wanted, f"{wanted} ({len(codes)} pods)", "exact", True)
+    i, c = bad[0]
+    what = ("not tried" if c is None else "succeeded" if c == 0 else
+            names.get(c, f"CUDA error {c}"))
+    return Check(key, name, wanted, f"pod {i + 1}: {what}", "exact", False, "",
+                 f"{len(bad)} of {len(codes)} pods")
 
 
 def share_percent(a: float, b: float) -> float | None:
@@ -447,10 +493,26 @@ def mem_checks(req: Request, data: Mapping[str, Any], own_mib: float | None) -> 
     ]
 
 
+def container_env(req: Request, config: Any, *, pod_uid: str, core: int | None, gpu_gib: int,
+                  base: Mapping[str, str], host_root: str) -> dict[str, str]:
+    """The environment a container with ``req``'s memory and ``core`` gets from the agent's
+    Allocate (:func:`sharegpu.agent.isolation.isolation_env` with ``config``), its container
+    paths turned into host paths; the folders it mounts from under ``host_root`` are made."""
+    from ..agent.isolation import Backend, isolation_env
+
+    ce = isolation_env(Backend(req.backend), mem={req.gpu: req.mem_gib},
+                       core={req.gpu: core} if core else {}, pod_uid=pod_uid, config=config,
+                       gpu_mem={req.gpu: gpu_gib})
+    for m in ce.mounts:
+        if m.host_path.startswith(host_root):
+            Path(m.host_path).mkdir(parents=True, exist_ok=True)
+    return {**base, **host_env(ce.envs, ce.mounts), "CUDA_VISIBLE_DEVICES": str(req.gpu)}
+
+
 def run_check(req: Request, *, base_env: Mapping[str, str] | None = None,
               progress: Any = None) -> Report:
     """Runs every scenario of ``req``; raises :class:`CheckError` when the probes cannot run."""
-    from ..agent.isolation import Backend, ComputePolicy, IsolationConfig, isolation_env
+    from ..agent.isolation import Backend, ComputePolicy, IsolationConfig
 
     say = progress or (lambda _msg: None)
     backend = Backend(req.backend)
@@ -485,15 +547,8 @@ def run_check(req: Request, *, base_env: Mapping[str, str] | None = None,
 
             def container(name: str, core: int | None, config: IsolationConfig = cfg
                           ) -> dict[str, str]:
-                ce = isolation_env(backend, mem={req.gpu: req.mem_gib},
-                                   core={req.gpu: core} if core else {},
-                                   pod_uid=f"isolation-check-{run_id}-{name}", config=config,
-                                   gpu_mem={req.gpu: gib})
-                for m in ce.mounts:
-                    if m.host_path.startswith(tmp):
-                        Path(m.host_path).mkdir(parents=True, exist_ok=True)
-                env = host_env(ce.envs, ce.mounts)
-                return {**base, **env, "CUDA_VISIBLE_DEVICES": str(req.gpu)}
+                return container_env(req, config, pod_uid=f"isolation-check-{run_id}-{name}",
+                                     core=core, gpu_gib=gib, base=base, host_root=tmp)
 
             own = None if backend is Backend.HAMI else ctx_mib
             upper = ["--upper-mib", str(gpu_mib)]
@@ -524,6 +579,13 @@ def run_check(req: Request, *, base_env: Mapping[str, str] | None = None,
                 report.checks.append(compute_check(
                     runner, req, container("compute-a", req.core),
                     container("compute-b", 100 - req.core), timeout))
+
+            if req.fill:
+                n = max(1, gib // req.mem_gib)
+                say(f"memory: filling the GPU with {n} pods of {req.mem_gib} GiB")
+                report.checks += fill_checks(
+                    runner, req, n, lambda i: container(f"fill-{i}", req.core), upper,
+                    single_own if single_own is not None else ctx_mib, gpu_mib, timeout)
 
             if req.compare:
                 say("comparing with the bare GPU")
@@ -573,6 +635,44 @@ def shared_checks(runner: Runner, req: Request, env: Mapping[str, str], upper: l
                 c.note += ("; MPS holds each client process to CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, "
                            "not the container: its processes together can use more")
     return checks
+
+
+def fill_checks(runner: Runner, req: Request, n: int, pod_env: Any, upper: list[str],
+                own_mib: float, gpu_mib: float, timeout: float) -> list[Check]:
+    """``n`` pods (``pod_env(i)``: each its own container) take the largest allocation each can
+    get, one after another, and hold it until all have; then they let go.
+
+    A pod's usage is its largest allocation plus its own usage at start (``own_mib``, its
+    context, as the single-process probe measured it): near a full GPU the interposer's ``free``
+    is the GPU's, so ``total - free`` would count other pods' memory."""
+    limit = req.limit_mib
+    procs: list[subprocess.Popen] = []
+    ready: list[dict[str, Any]] = []
+    failed: Check | None = None
+    try:
+        for i in range(n):
+            p = runner.start("fill", pod_env(i), *upper, "--timeout", str(timeout))
+            procs.append(p)
+            r = runner.ready(p, timeout)
+            if not r.ok:
+                failed = probe_failed("fill.within", "fill: within limits", limit,
+                                      f"pod {i + 1} of {n}: {r.error}", "MiB")
+                break
+            ready.append(r.data)
+    finally:
+        done = [runner.finish(p, 30) for p in procs]  # closes stdin: each lets go
+    if failed is not None:
+        return [failed]
+    usages = [d["largest_mib"] + own_mib for d in ready]
+    names = _names(*ready, *(r.data for r in done))
+    return [
+        decide_fill_within(limit, usages),
+        decide_fill_reach(limit, usages, gpu_mib),
+        decide_fill_codes("fill.past", "fill: past the limit",
+                          [d.get("past_code") for d in ready], CUDA_ERROR_OUT_OF_MEMORY, names),
+        decide_fill_codes("fill.survives", "fill: survives",
+                          [r.data.get("after_code") if r.ok else None for r in done], 0, names),
+    ]
 
 
 def compute_check(runner: Runner, req: Request, env_a: Mapping[str, str],

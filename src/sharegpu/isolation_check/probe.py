@@ -16,6 +16,8 @@ Actions:
   steps, up to ``--upper-mib``), the allocation past it, and whether the process survives it.
 - ``hold``: allocate ``--mib`` MiB, print a ready line, hold it until stdin closes (or
   ``--timeout``).
+- ``fill``: take the largest allocation there is (as ``mem``) and hold it, with a ready line
+  saying what it got and what 1 MiB more gave, until stdin closes; then 1 MiB again.
 - ``spin``: launch the busy-loop kernel and synchronize, over and over, for ``--seconds``
   (after ``--settle`` seconds not counted); with ``--wait-go`` it prints a ready line first and
   starts when a line arrives on stdin.
@@ -245,9 +247,9 @@ def act_info(cuda: Cuda, args) -> dict:
     return out
 
 
-def act_mem(cuda: Cuda, args) -> dict:
-    free0, total = cuda.mem_info()
-    upper = max(args.upper_mib, total // MIB, free0 // MIB)
+def largest_mib(cuda: Cuda, upper: int) -> int:
+    """The largest allocation, in whole MiB up to ``upper``, that succeeds now (binary search;
+    nothing is kept)."""
     lo, hi = 0, upper + 1  # lo fits; hi is not known to fit
     if cuda.fits(upper):
         lo = hi = upper
@@ -257,7 +259,13 @@ def act_mem(cuda: Cuda, args) -> dict:
             lo = mid
         else:
             hi = mid
-    largest = lo
+    return lo
+
+
+def act_mem(cuda: Cuda, args) -> dict:
+    free0, total = cuda.mem_info()
+    upper = max(args.upper_mib, total // MIB, free0 // MIB)
+    largest = largest_mib(cuda, upper)
     single_rc, ptr = cuda.try_alloc((largest + 1) * MIB)
     if single_rc == CUDA_SUCCESS:
         cuda.free(ptr)
@@ -303,6 +311,39 @@ def act_hold(cuda: Cuda, args) -> dict:
             break  # stdin closed: let go
     cuda.close()
     return {"released": True}
+
+
+def act_fill(cuda: Cuda, args) -> dict:
+    """Take the largest allocation there is and hold it: one pod of a GPU being filled. The ready
+    line says what it got and what 1 MiB more gave; it lets go when stdin closes, then checks
+    that 1 MiB can be had again."""
+    free0, total = cuda.mem_info()
+    upper = max(args.upper_mib, total // MIB, free0 // MIB)
+    largest = largest_mib(cuda, upper)
+    rc, held = cuda.try_alloc(largest * MIB) if largest else (CUDA_SUCCESS, 0)
+    if rc != CUDA_SUCCESS:
+        raise ProbeError(f"cuMemAlloc_v2({largest} MiB) failed: {cuda.name_of(rc)} ({rc})",
+                         code=rc)
+    if held:
+        cuda.ptrs.append(held)
+    past_rc, ptr = cuda.try_alloc(MIB)
+    if past_rc == CUDA_SUCCESS:
+        cuda.free(ptr)
+    free1, _ = cuda.mem_info()
+    emit({"ready": True, "total_bytes": total, "free_bytes": free0, "largest_mib": largest,
+          "free_held_bytes": free1, "past_code": past_rc, "past_name": cuda.name_of(past_rc)})
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        r, _, _ = select.select([sys.stdin], [], [], max(0.0, deadline - time.monotonic()))
+        if r and not sys.stdin.readline():
+            break  # stdin closed: let go
+    for p in cuda.ptrs:
+        cuda.free(p)
+    cuda.ptrs.clear()
+    after_rc, ptr = cuda.try_alloc(MIB)
+    if after_rc == CUDA_SUCCESS:
+        cuda.free(ptr)
+    return {"released": True, "after_code": after_rc, "after_name": cuda.name_of(after_rc)}
 
 
 def act_spin(cuda: Cuda, args) -> dict:
@@ -351,8 +392,8 @@ def act_allocspeed(cuda: Cuda, args) -> dict:
             "ops_per_s": 2 * pairs / elapsed if elapsed else 0.0}
 
 
-ACTIONS = {"info": act_info, "mem": act_mem, "hold": act_hold, "spin": act_spin,
-           "allocspeed": act_allocspeed}
+ACTIONS = {"info": act_info, "mem": act_mem, "hold": act_hold, "fill": act_fill,
+           "spin": act_spin, "allocspeed": act_allocspeed}
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
