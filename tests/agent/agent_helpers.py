@@ -77,7 +77,10 @@ def standin_library() -> str:
     d = tempfile.mkdtemp(prefix="sg-vgpu-")
     src = os.path.join(d, "standin.c")
     with open(src, "w") as f:
-        f.write("int sharegpu_standin_loaded(void) { return 1; }\n")
+        # exports the two hooks the agent looks for, as HAMi-core's build does
+        f.write("int sharegpu_standin_loaded(void) { return 1; }\n"
+                "int cuMemAlloc_v2(void *p, unsigned long n) { return 3; }\n"
+                "int cuMemGetInfo_v2(void *f, void *t) { return 3; }\n")
     subprocess.run([cc, "-shared", "-fPIC", "-o", os.path.join(d, "libvgpu.so"), src],
                    check=True)
     return os.path.join(d, "libvgpu.so")

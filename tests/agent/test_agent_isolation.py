@@ -20,6 +20,7 @@ from agent_kubelet import wait_until
 
 from sharegpu import names
 from sharegpu.agent.isolation import (
+    HAMI_CONTAINER_LIBRARY,
     Backend,
     ComputePolicy,
     IsolationConfig,
@@ -49,13 +50,28 @@ def libs(tmp_path_factory) -> dict[str, str]:
     dependency is gone (like HAMi-core without libcuda.so.1), and patched copies that are not a
     shared object or are built for another architecture."""
     d = tmp_path_factory.mktemp("libs")
-    (d / "ok.c").write_text("int sharegpu_standin_loaded(void) { return 1; }\n")
+    (d / "ok.c").write_text("int sharegpu_standin_loaded(void) { return 1; }\n"
+                            "int cuMemAlloc_v2(void *p, unsigned long n) { return 3; }\n"
+                            "int cuMemGetInfo_v2(void *f, void *t) { return 3; }\n")
+    # a library that loads but hides its hooks (a build with -fvisibility=hidden), and one that
+    # only reaches them through a library it depends on (the driver)
+    (d / "hidden.c").write_text(
+        "__attribute__((visibility(\"hidden\"))) int cuMemAlloc_v2(void) { return 3; }\n"
+        "int cuMemGetInfo_v2(void *f, void *t) { return 3; }\n")
+    (d / "driver.c").write_text("int cuMemAlloc_v2(void) { return 0; }\n"
+                                "int cuMemGetInfo_v2(void) { return 0; }\n")
+    (d / "through.c").write_text("int cuMemAlloc_v2(void);\n"
+                                 "int f(void) { return cuMemAlloc_v2(); }\n")
     (d / "dep.c").write_text("int sharegpu_dep(void) { return 2; }\n")
     (d / "needs.c").write_text("int sharegpu_dep(void);\nint f(void) { return sharegpu_dep(); }\n")
     run = lambda *a: subprocess.run([cc(), *a], check=True, cwd=d)  # noqa: E731
     run("-shared", "-fPIC", "-o", "libvgpu.so", "ok.c")
     run("-shared", "-fPIC", "-o", "libsharegpu-gone.so", "dep.c")
     run("-shared", "-fPIC", "-o", "needs-gone.so", "needs.c", "-L.", "-l:libsharegpu-gone.so")
+    run("-shared", "-fPIC", "-o", "hidden.so", "hidden.c")
+    run("-shared", "-fPIC", "-o", "libsharegpu-driver.so", "driver.c")
+    run("-shared", "-fPIC", "-Wl,-rpath," + str(d), "-o", "through.so", "through.c", "-L.",
+        "-l:libsharegpu-driver.so")
     (d / "libsharegpu-gone.so").unlink()
     raw = (d / "libvgpu.so").read_bytes()
     (d / "arm64.so").write_bytes(raw[:18] + struct.pack("<H", 183) + raw[20:])
@@ -63,7 +79,8 @@ def libs(tmp_path_factory) -> dict[str, str]:
     (d / "text.so").write_text("not a library\n")
     return {k: str(d / f) for k, f in (("ok", "libvgpu.so"), ("gone", "needs-gone.so"),
                                           ("arm64", "arm64.so"), ("exec", "exec.so"),
-                                          ("text", "text.so"))} | {"dir": str(d)}
+                                          ("text", "text.so"), ("hidden", "hidden.so"),
+                                          ("through", "through.so"))} | {"dir": str(d)}
 
 
 # --- the checks, with their exact reasons ----------------------------------------------------
@@ -84,6 +101,12 @@ def test_hami_library_checks_name_what_is_wrong(libs, tmp_path):
     r = check_hami(libs["gone"])
     assert not r.ready and r.reason.startswith(f"{libs['gone']} cannot be loaded: ")
     assert "libsharegpu-gone.so: cannot open shared object file" in r.reason
+    # loads, but its hooks are not its own exported symbols: it would limit nothing
+    assert check_hami(libs["hidden"]).reason == (
+        f"{libs['hidden']} loads but does not export HAMi-core's CUDA hooks (cuMemAlloc_v2): "
+        "built with hidden symbols it would limit nothing; use the libvgpu.so HAMi's image "
+        "ships (built by HAMi-core's build.sh)")
+    assert "(cuMemAlloc_v2, cuMemGetInfo_v2)" in check_hami(libs["through"]).reason
     # the message the kubelet, the Event and the node condition carry
     assert r.message("n1") == (f"node n1: isolation back-end hami is not usable: {r.reason}; "
                                f"fix: {HAMI_FIX}")
@@ -162,8 +185,12 @@ async def test_no_library_refuses_with_the_reason_then_recovers(harness, short_d
     assert condition(h)["status"] == "True"
     assert 'sharegpu_agent_isolation_ready{backend="hami"} 1' in render(a)
     resp = await h.kubelet.allocate(names.RES_GPU_MEM, ids)
-    assert resp.envs["LD_PRELOAD"] == lib and resp.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3072m"
-    assert {m.container_path for m in resp.mounts} >= {lib, "/tmp/vgpulock"}
+    assert resp.envs["LD_PRELOAD"] == HAMI_CONTAINER_LIBRARY
+    assert resp.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3072m"
+    assert {m.container_path for m in resp.mounts} >= {HAMI_CONTAINER_LIBRARY, "/tmp/vgpulock"}
+    # the host's library, where HAMi-core looks for its own hooks in the container
+    assert [m.host_path for m in resp.mounts if m.container_path == HAMI_CONTAINER_LIBRARY] \
+        == [lib]
 
 
 @pytest.mark.parametrize("kind", ["arm64", "gone", "exec"])
@@ -216,7 +243,9 @@ async def test_installed_pointer_is_followed(harness, short_dir, libs):
     await wait_until(lambda: h.agent.readiness.ready)
     h.kube.add_pod(make_pod("p1", [{"mem": 1}], alloc={0: {0: 1}}))
     resp = await h.kubelet.allocate(names.RES_GPU_MEM, [f"{h.agent.gpus[0].uuid}-_-0"])
-    assert resp.envs["LD_PRELOAD"] == versioned
+    assert resp.envs["LD_PRELOAD"] == HAMI_CONTAINER_LIBRARY
+    assert [m.host_path for m in resp.mounts if m.container_path == HAMI_CONTAINER_LIBRARY] \
+        == [versioned]
 
 
 # --- MPS: the daemon supervised, the agent following it --------------------------------------

@@ -25,6 +25,7 @@ from typing import Any
 from sharegpu import names
 from sharegpu.agent.allocate import ANN_GRANT
 from sharegpu.agent.devices import SEP
+from sharegpu.agent.isolation import HAMI_CONTAINER_LIBRARY
 from sharegpu.annotations import Allocation, decode, encode
 
 IMAGE = "registry.invalid/sharegpu/cuda:never-pulled"  # no container runtime: never pulled
@@ -203,7 +204,7 @@ def expected(pod: Mapping[str, Any], container: int, gpus: Sequence[FakeGpu],
         names.ENV_MEM_POD: str(alloc.total_mem),
         names.ENV_MEM_CONTAINER: str(sum(mem.values())),
         names.ENV_MEM_DEV: str(gpus[on[0]].gib),
-        "LD_PRELOAD": hami_library,
+        "LD_PRELOAD": HAMI_CONTAINER_LIBRARY,
     }
     for i, g in enumerate(on):
         env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{mem[g] * 1024}m"
@@ -245,6 +246,11 @@ def mismatches(report: Mapping[str, Any], pods: Mapping[str, Mapping[str, Any]],
             for k, v in expected(pod, i, gpus, hami_library).items():
                 if c["envs"].get(k) != v:
                     out.append(f"{where}: {k}={c['envs'].get(k)!r}, its pod's decision says {v!r}")
+            lib = [m.get("host_path") for m in c.get("mounts") or []
+                   if m.get("container_path") == HAMI_CONTAINER_LIBRARY]
+            if lib != [hami_library]:
+                out.append(f"{where}: {HAMI_CONTAINER_LIBRARY} mounted from {lib}, not "
+                           f"{hami_library!r}")
             mem = alloc.mem[i]
             want_dev = {names.RES_GPU_MEM: mem}
             if alloc.core.get(i):

@@ -60,6 +60,8 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 
 static CUresult (*real_ctx_create)(CUcontext *, unsigned, CUdevice);
 static CUresult (*real_ctx_destroy)(CUcontext);
+static CUresult (*real_primary_retain)(CUcontext *, CUdevice);
+static CUresult (*real_primary_release)(CUdevice);
 static CUresult (*real_mem_get_info)(size_t *, size_t *);
 static CUresult (*real_mem_alloc)(CUdeviceptr *, size_t);
 static CUresult (*real_mem_free)(CUdeviceptr);
@@ -103,6 +105,8 @@ static void init(void) {
     if (cuda) {
         real_ctx_create = real_dlsym(cuda, "cuCtxCreate_v2");
         real_ctx_destroy = real_dlsym(cuda, "cuCtxDestroy_v2");
+        real_primary_retain = real_dlsym(cuda, "cuDevicePrimaryCtxRetain");
+        real_primary_release = real_dlsym(cuda, "cuDevicePrimaryCtxRelease_v2");
         real_mem_get_info = real_dlsym(cuda, "cuMemGetInfo_v2");
         real_mem_alloc = real_dlsym(cuda, "cuMemAlloc_v2");
         real_mem_free = real_dlsym(cuda, "cuMemFree_v2");
@@ -196,8 +200,7 @@ static int limited(void) {
 
 /* ---- hooks ---- */
 
-static CUresult hook_ctx_create(CUcontext *ctx, unsigned flags, CUdevice dev) {
-    CUresult rc = real_ctx_create(ctx, flags, dev);
+static CUresult create_accounting(CUresult rc, CUdevice dev) {
     if (rc != CUDA_SUCCESS) return rc;
     pthread_mutex_lock(&mu);
     cur_dev = dev;
@@ -210,8 +213,15 @@ static CUresult hook_ctx_create(CUcontext *ctx, unsigned flags, CUdevice dev) {
     return rc;
 }
 
-static CUresult hook_ctx_destroy(CUcontext ctx) {
-    CUresult rc = real_ctx_destroy(ctx);
+static CUresult hook_ctx_create(CUcontext *ctx, unsigned flags, CUdevice dev) {
+    return create_accounting(real_ctx_create(ctx, flags, dev), dev);
+}
+
+static CUresult hook_primary_retain(CUcontext *ctx, CUdevice dev) {
+    return create_accounting(real_primary_retain(ctx, dev), dev);
+}
+
+static CUresult release_accounting(CUresult rc) {
     pthread_mutex_lock(&mu);
     if (rc == CUDA_SUCCESS && limited()) {
         cache_t c;
@@ -221,6 +231,14 @@ static CUresult hook_ctx_destroy(CUcontext ctx) {
     }
     pthread_mutex_unlock(&mu);
     return rc;
+}
+
+static CUresult hook_primary_release(CUdevice dev) {
+    return release_accounting(real_primary_release(dev));
+}
+
+static CUresult hook_ctx_destroy(CUcontext ctx) {
+    return release_accounting(real_ctx_destroy(ctx));
 }
 
 static CUresult hook_mem_get_info(size_t *free_bytes, size_t *total_bytes) {
@@ -341,12 +359,28 @@ static void *hook_for(const char *name) {
     if (!name || name[0] != 'c' || name[1] != 'u') return NULL;
     if (!strcmp(name, "cuCtxCreate_v2")) return real_ctx_create ? (void *)hook_ctx_create : NULL;
     if (!strcmp(name, "cuCtxDestroy_v2")) return real_ctx_destroy ? (void *)hook_ctx_destroy : NULL;
+    if (!strcmp(name, "cuDevicePrimaryCtxRetain"))
+        return real_primary_retain ? (void *)hook_primary_retain : NULL;
+    if (!strcmp(name, "cuDevicePrimaryCtxRelease_v2"))
+        return real_primary_release ? (void *)hook_primary_release : NULL;
     if (!strcmp(name, "cuMemGetInfo_v2")) return real_mem_get_info ? (void *)hook_mem_get_info : NULL;
     if (!strcmp(name, "cuMemAlloc_v2")) return real_mem_alloc ? (void *)hook_mem_alloc : NULL;
     if (!strcmp(name, "cuMemFree_v2")) return real_mem_free ? (void *)hook_mem_free : NULL;
     if (!strcmp(name, "cuDeviceTotalMem_v2")) return real_total_mem ? (void *)hook_total_mem : NULL;
     if (!strcmp(name, "cuLaunchKernel")) return real_launch ? (void *)hook_launch : NULL;
     return NULL;
+}
+
+/* Exported under the driver's names, as HAMi-core's build exports its hooks (the agent refuses a
+ * library that does not: HAMi-core finds its hooks by looking these names up in itself). */
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
+    pthread_once(&once, init);
+    return real_mem_alloc ? hook_mem_alloc(dptr, size) : 3; /* CUDA_ERROR_NOT_INITIALIZED */
+}
+
+CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
+    pthread_once(&once, init);
+    return real_mem_get_info ? hook_mem_get_info(free_bytes, total_bytes) : 3;
 }
 
 void *dlsym(void *handle, const char *name) {

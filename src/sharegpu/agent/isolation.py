@@ -1,8 +1,11 @@
 """What a container gets besides its GPUs: the environment and mounts of the node's isolation
 back-end (SPEC §6), and the cGPU compute policy that decides how compute is shared.
 
-- ``hami`` (modes ``cgpu`` and ``core_mem``): HAMi-core's ``libvgpu.so`` preloaded with
-  ``LD_PRELOAD``; ``CUDA_DEVICE_MEMORY_LIMIT_<i>`` per visible GPU and, when the container's
+- ``hami`` (modes ``cgpu`` and ``core_mem``): HAMi-core's ``libvgpu.so`` mounted at
+  ``/usr/local/vgpu/libvgpu.so`` in the container and preloaded from there with ``LD_PRELOAD``
+  (HAMi-core looks its own hooks up by opening that path: a library elsewhere in the container
+  loads but limits nothing, as measured on an H200 — bench/README.md, "Isolation on a real
+  GPU"); ``CUDA_DEVICE_MEMORY_LIMIT_<i>`` per visible GPU and, when the container's
   compute is capped, ``CUDA_DEVICE_SM_LIMIT`` with ``GPU_CORE_UTILIZATION_POLICY=force``.
 - ``mps`` (mode ``mps``): the MPS client limits ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` and
   ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, with the control daemon's pipe directory and its shared
@@ -36,6 +39,10 @@ from enum import IntEnum, StrEnum
 from .. import names
 from ..errors import ValidationError
 from ..modes import Mode
+
+# Where a container finds HAMi-core: the path HAMi mounts it at, and the one HAMi-core opens to
+# find its own hooks (``CUDA_REDIRECT`` names another, for a process outside a container).
+HAMI_CONTAINER_LIBRARY = "/usr/local/vgpu/libvgpu.so"
 
 
 class Backend(StrEnum):
@@ -116,7 +123,7 @@ def parse_policy(value: object, isolation: str = "auto") -> ComputePolicy:
 
 @dataclass(frozen=True)
 class IsolationConfig:
-    hami_library: str = "/usr/local/vgpu/libvgpu.so"  # host path, mounted at the same path
+    hami_library: str = "/usr/local/vgpu/libvgpu.so"  # host path, mounted at HAMI_CONTAINER_LIBRARY
     hami_cache_dir: str = "/tmp/sharegpu-vgpu"  # host dir for HAMi-core's shared usage file
     hami_lock_dir: str = "/tmp/vgpulock"  # host dir shared by every container on the node
     mps_pipe_dir: str = "/run/nvidia/mps"  # host dir of the MPS control daemon's pipes
@@ -187,7 +194,7 @@ def isolation_env(
     mounts: list[Mount] = []
     cap = compute_cap(config.compute_policy, mem=mem, core=core, gpu_mem=gpu_mem)
     if backend is Backend.HAMI:
-        envs["LD_PRELOAD"] = config.hami_library
+        envs["LD_PRELOAD"] = HAMI_CONTAINER_LIBRARY
         envs["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         for i, g in enumerate(gpus):
             envs[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{int(mem[g]) * 1024}m"
@@ -198,7 +205,7 @@ def isolation_env(
             envs["GPU_CORE_UTILIZATION_POLICY"] = "disable"
         uid = pod_uid or "pod"
         envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"/tmp/sharegpu-vgpu/{uid}.cache"
-        mounts.append(Mount(config.hami_library, config.hami_library, True))
+        mounts.append(Mount(HAMI_CONTAINER_LIBRARY, config.hami_library, True))
         mounts.append(Mount("/tmp/sharegpu-vgpu", f"{config.hami_cache_dir}/{uid}", False))
         # HAMi-core serialises its per-GPU bookkeeping across containers with lock files here
         mounts.append(Mount("/tmp/vgpulock", config.hami_lock_dir, False))

@@ -93,7 +93,38 @@ def elf_problem(path: str, machine: int | None = None) -> str | None:
     return None
 
 
-_LOAD = "import ctypes, sys\nctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_LOCAL)\n"
+# HAMi-core's dlsym hook answers a CUDA name with the same name looked up in HAMi-core itself,
+# so its hooks must be exported symbols of the library (its build.sh builds them so): a build
+# with hidden symbols loads, answers with the driver's own functions and limits nothing (as
+# measured on an H200).
+HAMI_HOOKS = ("cuMemAlloc_v2", "cuMemGetInfo_v2")
+
+# Loads the library and names each hook it does not export itself (a symbol found in a library
+# it depends on, the driver, does not count).
+_LOAD = """import ctypes, os, sys
+path = sys.argv[1]
+lib = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)
+class Info(ctypes.Structure):
+    _fields_ = [("fname", ctypes.c_char_p), ("fbase", ctypes.c_void_p),
+                ("sname", ctypes.c_char_p), ("saddr", ctypes.c_void_p)]
+dladdr = ctypes.CDLL(None).dladdr
+dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(Info)]
+missing = []
+for name in sys.argv[2:]:
+    try:
+        f = getattr(lib, name)
+    except AttributeError:
+        missing.append(name)
+        continue
+    info = Info()
+    at = ctypes.cast(f, ctypes.c_void_p).value
+    if not dladdr(at, ctypes.byref(info)) or not info.fname or \\
+            os.path.realpath(info.fname.decode()) != os.path.realpath(path):
+        missing.append(name)
+if missing:
+    print("MISSING " + " ".join(missing))
+    sys.exit(3)
+"""
 
 
 def load_problem(path: str, timeout_s: float = 20.0) -> str | None:
@@ -102,14 +133,19 @@ def load_problem(path: str, timeout_s: float = 20.0) -> str | None:
     env = dict(os.environ)
     env.pop("LD_PRELOAD", None)
     try:
-        r = subprocess.run([sys.executable, "-c", _LOAD, path], capture_output=True, text=True,
-                           timeout=timeout_s, env=env)
+        r = subprocess.run([sys.executable, "-c", _LOAD, path, *HAMI_HOOKS],
+                           capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
         return f"{path} did not finish loading within {timeout_s:.0f}s"
     except OSError as e:
         return f"a child process to load {path} could not start ({e})"
     if r.returncode == 0:
         return None
+    if r.returncode == 3 and r.stdout.startswith("MISSING "):
+        names = ", ".join(r.stdout.split()[1:])
+        return (f"{path} loads but does not export HAMi-core's CUDA hooks ({names}): built with "
+                "hidden symbols it would limit nothing; use the libvgpu.so HAMi's image ships "
+                "(built by HAMi-core's build.sh)")
     lines = [ln.strip() for ln in (r.stderr or "").splitlines() if ln.strip()]
     detail = lines[-1] if lines else f"exit status {r.returncode}"
     if r.returncode < 0:
