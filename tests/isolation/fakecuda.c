@@ -25,6 +25,8 @@
  *   CUDA_MPS_ACTIVE_THREAD_PERCENTAGE  this process's kernels get that share of the SMs, so a
  *                        grid needs more waves; clients run side by side (no run lock)
  *   FAKECUDA_MPS_SLACK_MIB  misbehave: let a client allocate this much past its limit
+ *   FAKECUDA_MPS_CTX_MIB    the memory a client's context takes (a real client's context is
+ *                        smaller than a bare process's, and shrinks with its share of the SMs)
  *
  * Build: gcc -shared -fPIC -o libcuda.so.1 fakecuda.c
  */
@@ -167,6 +169,8 @@ static void load_mps(void) {
     if (pct && atof(pct) > 0 && atof(pct) <= 100) mps_pct = atof(pct);
     const char *slack = getenv("FAKECUDA_MPS_SLACK_MIB");
     if (slack) mps_slack = strtoull(slack, NULL, 10) * MIB;
+    const char *ctx = getenv("FAKECUDA_MPS_CTX_MIB");
+    if (ctx) ctx_bytes = strtoull(ctx, NULL, 10) * MIB;
 }
 
 /* ---- state shared between processes ---- */
@@ -343,6 +347,21 @@ CUresult cuCtxDestroy_v2(CUcontext ctx) {
     if (run_fd >= 0) close(run_fd), run_fd = -1;
     ctx_gpu = ctx_ordinal = -1;
     return CUDA_SUCCESS;
+}
+
+/* The primary context (what the runtime API and frameworks use): one per process here too. */
+CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev) {
+    return cuCtxCreate_v2(ctx, 0, dev);
+}
+
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    (void)dev;
+    return cuCtxDestroy_v2((CUcontext)&ctx_gpu);
+}
+
+CUresult cuCtxSetCurrent(CUcontext ctx) {
+    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+    return ctx == (CUcontext)&ctx_gpu && ctx_gpu >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 }
 
 CUresult cuCtxSynchronize(void) {

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import subprocess
 import sys
 import time
@@ -60,6 +61,8 @@ def test_hami_memory_limit_holds_json(node, standin_vgpu):
     assert out["ok"] is True
     assert out["request"]["backend"] == "hami" and out["request"]["mem_gib"] == 2
     assert out["request"]["core"] is None and out["request"]["limit_mib"] == 2048
+    assert out["gpu"].pop("nvml").startswith("not used: ")  # no NVML beside the fake driver
+    assert out["gpu"].pop("advertised_gib") == 80
     assert out["gpu"] == {"index": 0, "name": "NVIDIA H100 80GB HBM3", "total_mib": 81559,
                           "total_bytes": 81559 << 20, "multiprocessors": 132,
                           "driver_version": "12.2", "used_without_limits_mib": 64.0}
@@ -81,8 +84,10 @@ def test_hami_memory_limit_holds_json(node, standin_vgpu):
     assert "1984 MiB" in c["mem.reachable"]["note"]
     assert c["mem.past"]["measured"] == "CUDA_ERROR_OUT_OF_MEMORY"
     assert c["mem.survives"]["measured"] == "1 MiB allocated"
-    # A holds 1024 MiB (+64 context); B, with its own 64, sees the rest
-    assert c["shared.free"]["asked"] == c["shared.free"]["measured"] == 896.0
+    # A holds half of what both contexts leave, (2048 - 2 x 64) / 2 = 960 MiB (+64 context); B,
+    # with its own 64, sees the rest
+    assert c["shared.free"]["asked"] == c["shared.free"]["measured"] == 960.0
+    assert c["shared.free"]["note"] == "limit - A's 1024 MiB - B's own 64.0 MiB"
     assert c["shared.sum"]["measured"] == 2048.0
 
 
@@ -197,6 +202,91 @@ def test_fill_with_a_library_that_lets_pods_past_their_limit(node, standin_vgpu)
     # three pods took 256 MiB more each: the fourth is left 81,920 - 3 x 20,736 MiB
     assert c["fill.reach"]["ok"] is False and c["fill.reach"]["measured"] == 81920 - 3 * 20736
     assert c["fill.past"]["measured"] == "CUDA_ERROR_OUT_OF_MEMORY (4 pods)"
+
+
+class FakeDriverCount:
+    """The fake driver's own count of a GPU's used memory (its state file: a record of pid and
+    bytes per process), standing in for NVML's."""
+
+    available = True
+    error = ""
+
+    def __init__(self, state_dir: str, gpu: int) -> None:
+        self.path = Path(state_dir) / f"gpu{gpu}.mem"
+
+    def used_mib(self) -> float:
+        data = self.path.read_bytes() if self.path.exists() else b""
+        used = 0
+        for off in range(0, len(data) - 15, 16):
+            pid, _, nbytes = struct.unpack_from("<iiQ", data, off)
+            if pid > 0 and Path(f"/proc/{pid}").exists():
+                used += nbytes
+        return used / (1 << 20)
+
+    def total_mib(self) -> None:
+        return None  # the agent's GiB then come from the CUDA total
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def driver_count(node, monkeypatch):
+    from sharegpu.isolation_check import check as check_module
+
+    monkeypatch.setattr(check_module, "DeviceMemory",
+                        lambda gpu: FakeDriverCount(node["FAKECUDA_STATE_DIR"], gpu))
+
+
+def keyed(report) -> dict:
+    return {c.key: c for c in report.checks}
+
+
+def test_driver_count_rows(node, standin_vgpu, driver_count):
+    """With the driver's count (NVML on a GPU node), what each pod takes on the GPU is measured
+    without the interposer's word for it."""
+    from sharegpu.isolation_check.check import Request, run_check
+
+    node["FAKECUDA_GPUS"] = "Fake 80 GiB:81920"
+    req = Request(backend="hami", mem_gib=20, hami_library=standin_vgpu, fill=True)
+    c = keyed(run_check(req, base_env=node))
+    assert c["mem.device"].ok is True and c["mem.device"].measured == 20480.0
+    assert "largest allocation, 20416 MiB" in c["mem.device"].note
+    assert c["fill.device"].ok is True and c["fill.device"].measured == 20480.0
+    assert c["fill.device"].note.endswith("20480, 20480, 20480, 20480 MiB")
+    # an interposer that lets a pod 256 MiB past its limit: the driver counts it
+    node["STANDIN_VGPU_SLACK_MIB"] = "256"
+    c = keyed(run_check(req, base_env=node))
+    assert c["mem.device"].ok is False and c["mem.device"].measured == 20480.0 + 256
+    assert c["fill.device"].ok is False and c["fill.device"].measured == 20480.0 + 256
+
+
+def test_mps_context_from_the_driver_count(node, tmp_path, driver_count):
+    """An MPS client's own memory inside its limit is taken from the driver's count (the GPU's
+    used memory while it holds its largest allocation, less that allocation), not from a
+    process outside MPS: the rows hold with a 32 MiB client context and a 64 MiB bare one."""
+    from sharegpu.isolation_check.check import Request, run_check
+
+    pipe = tmp_path / "mps-pipe"
+    pipe.mkdir()
+    node.update(FAKECUDA_MPS="1", FAKECUDA_CTX_MIB="64", FAKECUDA_MPS_CTX_MIB="32")
+    daemon = subprocess.Popen([MPS_STANDIN, "-f"],
+                              env=dict(node, CUDA_MPS_PIPE_DIRECTORY=str(pipe)))
+    try:
+        for _ in range(200):
+            if (pipe / "control").exists():
+                break
+            time.sleep(0.02)
+        req = Request(backend="mps", mem_gib=2, mps_pipe_dir=str(pipe))
+        c = keyed(run_check(req, base_env=node))
+    finally:
+        daemon.kill()
+        daemon.wait()
+    assert c["mem.device"].ok is True and c["mem.device"].measured == 2048.0
+    for key in ("mem.seen", "mem.reachable", "mem.past", "mem.survives"):
+        assert c[key].ok is True, c[key]
+    assert c["mem.reachable"].note == "largest allocation 2016 MiB + 32.0 MiB used at start"
+    assert c["mem.seen"].measured == 2048.0
 
 
 MPS_STANDIN = str(Path(__file__).resolve().parent.parent / "agent" / "standins"

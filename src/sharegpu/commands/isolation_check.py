@@ -56,6 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cGPU compute policy as the agent runs with it (default 5, native)")
     p.add_argument("--seconds", default="5", metavar="S",
                    help="how long the compute probes run (default 5)")
+    p.add_argument("--compute-kernel", default="burn", choices=("burn", "spin"),
+                   help="the compute probes' kernel: burn, a fixed amount of arithmetic per "
+                        "launch (default), or spin, a busy loop on the clock")
     p.add_argument("--fill", action="store_true",
                    help="also fill the GPU with as many pods of --mem GiB as the scheduler "
                         "places on it, each holding all it can get")
@@ -126,7 +129,7 @@ def request(args: argparse.Namespace):
         hami_library=os.path.abspath(library) if args.backend == "hami" else library,
         mps_pipe_dir=os.path.abspath(args.mps_pipe_dir), compute_policy=int(policy),
         seconds=seconds, compare=bool(args.compare), cuda_library=args.cuda_library,
-        fill=bool(args.fill),
+        fill=bool(args.fill), kernel=args.compute_kernel,
     )
 
 

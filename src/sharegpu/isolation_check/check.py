@@ -26,8 +26,11 @@ card advertised as 80 GiB holds four 20 GiB pods only on paper); ``fill: past th
 more fails with CUDA_ERROR_OUT_OF_MEMORY in every pod, and ``fill: survives``, each pod can
 allocate again after letting go.
 
-Compute (only with ``--core P``, P < 100): pods with P % and 100-P % spin a kernel on one GPU at
-the same time; the first's share of the kernels completed is P (±5 points).
+Compute (only with ``--core P``, P < 100): pods with P % and 100-P % launch the same kernel on
+one GPU at the same time; the first's share of the kernels completed is P (±5 points). The
+kernel is a fixed amount of arithmetic (``burn``) on a grid sized from the whole GPU (the same
+in both pods: MPS shows a client only its share of the SMs), so what each pod completes is the
+work the GPU did for it; ``--compute-kernel spin`` uses a busy loop on the clock instead.
 
 ``--compare``: kernel launches and allocations+frees per second with the library (memory limit,
 no compute cap) over the same without it: ratios, no target.
@@ -64,7 +67,8 @@ PROBE_MODULE = "sharegpu.isolation_check.probe"
 ISOLATION_VARS = ("LD_PRELOAD", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
                   "CUDA_DEVICE_ORDER", "CUDA_DEVICE_SM_LIMIT", "GPU_CORE_UTILIZATION_POLICY",
                   "CUDA_DEVICE_MEMORY_SHARED_CACHE", "CUDA_MPS_PIPE_DIRECTORY",
-                  "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+                  "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+                  "CUDA_REDIRECT", "CUDA_DISABLE_CONTROL")
 
 
 class CheckError(ShareGpuError):
@@ -84,6 +88,7 @@ class Request:
     compare: bool = False
     cuda_library: str = "libcuda.so.1"
     fill: bool = False
+    kernel: str = "burn"  # the compute probes' kernel: burn (work) or spin (clock time)
 
     @property
     def limit_mib(self) -> int:
@@ -330,6 +335,80 @@ def clean_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+# ---- the driver's count ----
+
+
+class DeviceMemory:
+    """The GPU's used memory as the driver counts it (NVML), for rows that do not take the
+    interposer's or the client's word for it. Readings are ``None`` where NVML cannot be used
+    (``error`` says why)."""
+
+    def __init__(self, gpu: int) -> None:
+        self.error = ""
+        self._nvml: Any = None
+        self._handle: Any = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(gpu)
+            self._nvml = pynvml
+        except Exception as e:  # no NVML library, no GPU: the rows are left out
+            self.error = str(e) or type(e).__name__
+
+    @property
+    def available(self) -> bool:
+        return self._nvml is not None
+
+    def used_mib(self) -> float | None:
+        if self._nvml is None:
+            return None
+        try:
+            return self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used / MIB
+        except Exception:
+            return None
+
+    def total_mib(self) -> float | None:
+        """The GPU's memory as NVML reports it: what the node agent advertises (in GiB)."""
+        if self._nvml is None:
+            return None
+        try:
+            return self._nvml.nvmlDeviceGetMemoryInfo(self._handle).total / MIB
+        except Exception:
+            return None
+
+    def close(self) -> None:
+        if self._nvml is not None:
+            with contextlib.suppress(Exception):
+                self._nvml.nvmlShutdown()
+            self._nvml = None
+
+
+def decide_device(limit_mib: float, grew_mib: float, largest_mib: float,
+                  uncounted_mib: float = 0.0) -> Check:
+    """What the GPU's used memory grew by while one pod held its largest allocation, against
+    the limit plus the part of the pod's own memory (its CUDA context) that the back-end does not
+    count against the limit."""
+    asked = limit_mib + uncounted_mib
+    ok = abs(grew_mib - asked) <= mem_tolerance_mib(limit_mib)
+    note = (f"NVML: the GPU's used memory grew by {grew_mib:.0f} MiB while one pod held its "
+            f"largest allocation, {largest_mib:.0f} MiB")
+    if uncounted_mib >= 1:
+        note += (f"; the back-end does not count the process's CUDA context, "
+                 f"{uncounted_mib:.0f} MiB, against the limit: the pod takes that much more")
+    return Check("mem.device", "device usage (driver's count)", _mib(asked), _mib(grew_mib),
+                 _tol_text(limit_mib), ok, "MiB", note)
+
+
+def decide_fill_device(limit_mib: float, grew_mib: Sequence[float]) -> Check:
+    worst = max(grew_mib)
+    ok = worst <= limit_mib + mem_tolerance_mib(limit_mib)
+    return Check("fill.device", "fill: within limits (driver's count)", limit_mib, _mib(worst),
+                 f"at most +1 % (+{mem_tolerance_mib(limit_mib):.0f} MiB)", ok, "MiB",
+                 "NVML: what the GPU's used memory grew by as each pod took its share: "
+                 + ", ".join(f"{g:.0f}" for g in grew_mib) + " MiB")
+
+
 # ---- the probes ----
 
 
@@ -498,7 +577,7 @@ def container_env(req: Request, config: Any, *, pod_uid: str, core: int | None, 
     """The environment a container with ``req``'s memory and ``core`` gets from the agent's
     Allocate (:func:`sharegpu.agent.isolation.isolation_env` with ``config``), its container
     paths turned into host paths; the folders it mounts from under ``host_root`` are made."""
-    from ..agent.isolation import Backend, isolation_env
+    from ..agent.isolation import HAMI_CONTAINER_LIBRARY, Backend, isolation_env
 
     ce = isolation_env(Backend(req.backend), mem={req.gpu: req.mem_gib},
                        core={req.gpu: core} if core else {}, pod_uid=pod_uid, config=config,
@@ -506,7 +585,13 @@ def container_env(req: Request, config: Any, *, pod_uid: str, core: int | None, 
     for m in ce.mounts:
         if m.host_path.startswith(host_root):
             Path(m.host_path).mkdir(parents=True, exist_ok=True)
-    return {**base, **host_env(ce.envs, ce.mounts), "CUDA_VISIBLE_DEVICES": str(req.gpu)}
+    env = {**base, **host_env(ce.envs, ce.mounts), "CUDA_VISIBLE_DEVICES": str(req.gpu)}
+    library = next((m for m in ce.mounts if m.container_path == HAMI_CONTAINER_LIBRARY), None)
+    if library is not None and library.host_path != HAMI_CONTAINER_LIBRARY:
+        # HAMi-core opens the container's path to find its own hooks; outside a container the
+        # same file is named to it with CUDA_REDIRECT
+        env["CUDA_REDIRECT"] = library.host_path
+    return env
 
 
 def run_check(req: Request, *, base_env: Mapping[str, str] | None = None,
@@ -521,6 +606,7 @@ def run_check(req: Request, *, base_env: Mapping[str, str] | None = None,
     timeout = 120.0 + 3 * req.seconds
     runner = Runner(req.cuda_library, timeout)
     report = Report(req)
+    device = DeviceMemory(req.gpu)
     try:
         say("probing the GPU without limits")
         info = baseline_info(runner, req, bare)
@@ -532,7 +618,11 @@ def run_check(req: Request, *, base_env: Mapping[str, str] | None = None,
             "used_without_limits_mib": round(
                 (info["ctx_total_bytes"] - info["ctx_free_bytes"]) / MIB, 1),
         }
-        gib = _gpu_gib(gpu_mib)
+        # the GiB the agent advertises for this GPU: from NVML's total, as the agent reads it
+        # (CUDA shows less: on an H100, 81,079 MiB of NVML's 81,559)
+        nvml_total = device.total_mib()
+        gib = _gpu_gib(int(nvml_total) if nvml_total else gpu_mib)
+        report.gpu["advertised_gib"] = gib
         if req.mem_gib > gib:
             raise ValidationError("--mem", req.mem_gib,
                                   f"must be at most the GPU's {gib} GiB ({gpu_mib} MiB)")
@@ -558,6 +648,31 @@ def run_check(req: Request, *, base_env: Mapping[str, str] | None = None,
             fits = decide_fits(req.limit_mib, gpu_mib)
             if not fits.ok:
                 report.checks.append(fits)
+            if device.available:
+                say("memory: one pod's usage as the driver counts it")
+                if backend is Backend.MPS:
+                    # the first client starts the MPS server, whose memory is not the pod's
+                    runner.run("info", container("mps-server", req.core))
+                grew, held = held_usage(runner, container("device", req.core), upper, device,
+                                        timeout)
+                if grew is not None and held.ok:
+                    largest = held.data["largest_mib"]
+                    if own is not None:
+                        # an MPS client's own memory inside its limit (its context, which
+                        # shrinks with its share of the SMs), as the driver counts it
+                        own = grew - largest
+                        uncounted = 0.0
+                    else:
+                        # what the interposer shows used before the first allocation, against
+                        # what a process's context takes on this GPU
+                        shown = (held.data["total_bytes"] - held.data["free_bytes"]) / MIB
+                        uncounted = max(0.0, ctx_mib - shown)
+                    report.checks.append(decide_device(req.limit_mib, grew, largest, uncounted))
+                elif not held.ok:
+                    report.checks.append(probe_failed("mem.device",
+                                                      "limit reachable (driver's count)",
+                                                      req.limit_mib, held.error, "MiB"))
+            report.gpu["nvml"] = "used" if device.available else f"not used: {device.error}"
             say("memory: limit, largest allocation, allocation past the limit")
             r = runner.run("mem", env1, *upper)
             single_own: float | None = None
@@ -578,14 +693,16 @@ def run_check(req: Request, *, base_env: Mapping[str, str] | None = None,
                 say(f"compute: {req.core} % beside {100 - req.core} % for {req.seconds:g} s")
                 report.checks.append(compute_check(
                     runner, req, container("compute-a", req.core),
-                    container("compute-b", 100 - req.core), timeout))
+                    container("compute-b", 100 - req.core), timeout,
+                    blocks=grid_blocks(int(info["multiprocessors"]))))
 
             if req.fill:
                 n = max(1, gib // req.mem_gib)
                 say(f"memory: filling the GPU with {n} pods of {req.mem_gib} GiB")
                 report.checks += fill_checks(
                     runner, req, n, lambda i: container(f"fill-{i}", req.core), upper,
-                    single_own if single_own is not None else ctx_mib, gpu_mib, timeout)
+                    single_own if single_own is not None else ctx_mib, gpu_mib, timeout,
+                    device)
 
             if req.compare:
                 say("comparing with the bare GPU")
@@ -599,13 +716,18 @@ def run_check(req: Request, *, base_env: Mapping[str, str] | None = None,
                 report.checks += checks
     finally:
         runner.close()
+        device.close()
     return report
 
 
 def shared_checks(runner: Runner, req: Request, env: Mapping[str, str], upper: list[str],
                   own: float | None, single_own: float | None, timeout: float) -> list[Check]:
     limit = req.limit_mib
-    hold_mib = limit // 2
+    # A holds half of what is left once both processes have their contexts (one context is
+    # about 0.5 GiB on an H100 or H200: with a 2 GiB limit, A holding 1 GiB left B no room for
+    # its own)
+    ctx = single_own if single_own is not None else 0.0
+    hold_mib = max(1, int(limit - 2 * ctx) // 2)
     a = runner.start("hold", env, "--mib", str(hold_mib), "--timeout", str(timeout))
     try:
         ready = runner.ready(a, timeout)
@@ -637,8 +759,24 @@ def shared_checks(runner: Runner, req: Request, env: Mapping[str, str], upper: l
     return checks
 
 
+def held_usage(runner: Runner, env: Mapping[str, str], upper: list[str], device: DeviceMemory,
+               timeout: float) -> tuple[float | None, ProbeResult]:
+    """One pod takes its largest allocation and holds it: what the GPU's used memory grew by
+    (NVML), and the probe's ready line."""
+    before = device.used_mib()
+    p = runner.start("fill", env, *upper, "--timeout", str(timeout))
+    try:
+        r = runner.ready(p, timeout)
+        during = device.used_mib() if r.ok else None
+    finally:
+        runner.finish(p, 30)
+    grew = None if before is None or during is None else during - before
+    return grew, r
+
+
 def fill_checks(runner: Runner, req: Request, n: int, pod_env: Any, upper: list[str],
-                own_mib: float, gpu_mib: float, timeout: float) -> list[Check]:
+                own_mib: float, gpu_mib: float, timeout: float,
+                device: DeviceMemory | None = None) -> list[Check]:
     """``n`` pods (``pod_env(i)``: each its own container) take the largest allocation each can
     get, one after another, and hold it until all have; then they let go.
 
@@ -648,9 +786,11 @@ def fill_checks(runner: Runner, req: Request, n: int, pod_env: Any, upper: list[
     limit = req.limit_mib
     procs: list[subprocess.Popen] = []
     ready: list[dict[str, Any]] = []
+    grew: list[float | None] = []
     failed: Check | None = None
     try:
         for i in range(n):
+            before = device.used_mib() if device else None
             p = runner.start("fill", pod_env(i), *upper, "--timeout", str(timeout))
             procs.append(p)
             r = runner.ready(p, timeout)
@@ -658,6 +798,8 @@ def fill_checks(runner: Runner, req: Request, n: int, pod_env: Any, upper: list[
                 failed = probe_failed("fill.within", "fill: within limits", limit,
                                       f"pod {i + 1} of {n}: {r.error}", "MiB")
                 break
+            after = device.used_mib() if device else None
+            grew.append(None if before is None or after is None else after - before)
             ready.append(r.data)
     finally:
         done = [runner.finish(p, 30) for p in procs]  # closes stdin: each lets go
@@ -665,8 +807,11 @@ def fill_checks(runner: Runner, req: Request, n: int, pod_env: Any, upper: list[
         return [failed]
     usages = [d["largest_mib"] + own_mib for d in ready]
     names = _names(*ready, *(r.data for r in done))
+    checks = [decide_fill_within(limit, usages)]
+    if grew and all(g is not None for g in grew):
+        checks.append(decide_fill_device(limit, [g for g in grew if g is not None]))
     return [
-        decide_fill_within(limit, usages),
+        *checks,
         decide_fill_reach(limit, usages, gpu_mib),
         decide_fill_codes("fill.past", "fill: past the limit",
                           [d.get("past_code") for d in ready], CUDA_ERROR_OUT_OF_MEMORY, names),
@@ -675,12 +820,20 @@ def fill_checks(runner: Runner, req: Request, n: int, pod_env: Any, upper: list[
     ]
 
 
+def grid_blocks(multiprocessors: int) -> int:
+    """The compute probes' grid: eight waves of blocks filling the GPU as the bare process sees
+    it. Both pods launch this same grid, so a kernel is the same work in each: an MPS client held
+    to part of the SMs is shown only that part, and a grid sized from what it sees would be
+    smaller work (on an H200 a 30/70 split then completed equal kernel counts)."""
+    return max(1, multiprocessors) * 16 * 8
+
+
 def compute_check(runner: Runner, req: Request, env_a: Mapping[str, str],
-                  env_b: Mapping[str, str], timeout: float) -> Check:
+                  env_b: Mapping[str, str], timeout: float, blocks: int = 0) -> Check:
     assert req.core is not None
     settle = min(1.0, 0.2 * req.seconds)
     args = ("--seconds", str(req.seconds), "--settle", f"{settle:g}", "--wait-go",
-            "--timeout", str(timeout))
+            "--timeout", str(timeout), "--kernel", req.kernel, "--blocks", str(blocks))
     procs = [runner.start("spin", env_a, *args), runner.start("spin", env_b, *args)]
     for i, p in enumerate(procs):
         ready = runner.ready(p, timeout)

@@ -18,7 +18,8 @@ Actions:
   ``--timeout``).
 - ``fill``: take the largest allocation there is (as ``mem``) and hold it, with a ready line
   saying what it got and what 1 MiB more gave, until stdin closes; then 1 MiB again.
-- ``spin``: launch the busy-loop kernel and synchronize, over and over, for ``--seconds``
+- ``spin``: launch the busy-loop kernel (``--kernel burn``: the multiply-add kernel) and
+  synchronize, over and over, for ``--seconds``
   (after ``--settle`` seconds not counted); with ``--wait-go`` it prints a ready line first and
   starts when a line arrives on stdin.
 - ``allocspeed``: allocate and free ``--mib`` MiB for ``--seconds``; allocs+frees per second.
@@ -68,6 +69,47 @@ SPIN_LOOP:
 }
 \x00"""
 
+# Work, not time: two chains of multiply-adds, ``cycles / 64`` iterations per thread (about that
+# many cycles when every multiprocessor is full). Kernels of two processes that share the SMs
+# slow each other down, and a process held to part of the SMs (MPS) does less, so the kernels
+# each completes (of the same grid) measure its share of the GPU.
+BURN_PTX = b"""
+.version 6.0
+.target sm_50
+.address_size 64
+
+.visible .entry spin(
+    .param .u64 cycles
+)
+{
+    .reg .pred %p<3>;
+    .reg .b64 %rd<4>;
+    .reg .f32 %f<6>;
+
+    ld.param.u64 %rd1, [cycles];
+    shr.u64 %rd1, %rd1, 6;
+    mov.u64 %rd2, 0;
+    mov.f32 %f1, 0f3F800000;
+    mov.f32 %f2, 0f3F7FFFFF;
+    mov.f32 %f3, 0f3F800000;
+    mov.f32 %f4, 0f3F7FFFFE;
+    mov.f32 %f5, 0f00000000;
+BURN_LOOP:
+    setp.ge.u64 %p1, %rd2, %rd1;
+    @%p1 bra BURN_DONE;
+    fma.rn.f32 %f1, %f1, %f2, %f5;
+    fma.rn.f32 %f3, %f3, %f4, %f5;
+    add.u64 %rd2, %rd2, 1;
+    bra BURN_LOOP;
+BURN_DONE:
+    add.f32 %f1, %f1, %f3;
+    setp.eq.f32 %p2, %f1, 0fBF800000;
+    @%p2 trap;
+    ret;
+}
+\x00"""
+KERNELS = {"spin": SPIN_PTX, "burn": BURN_PTX}
+
 LIBRARY = "libcuda.so.1"
 
 
@@ -102,8 +144,9 @@ class Cuda:
             "cuDeviceGetName": [cp, i32, i32],
             "cuDeviceTotalMem_v2": [P(sz), i32],
             "cuDeviceGetAttribute": [P(i32), i32, i32],
-            "cuCtxCreate_v2": [P(vp), ctypes.c_uint, i32],
-            "cuCtxDestroy_v2": [vp],
+            "cuDevicePrimaryCtxRetain": [P(vp), i32],
+            "cuDevicePrimaryCtxRelease_v2": [i32],
+            "cuCtxSetCurrent": [vp],
             "cuCtxSynchronize": [],
             "cuMemGetInfo_v2": [P(sz), P(sz)],
             "cuMemAlloc_v2": [P(u64), sz],
@@ -143,14 +186,18 @@ class Cuda:
         dev = ctypes.c_int()
         self.call("cuDeviceGet", ctypes.byref(dev), ordinal)
         self.dev = dev.value
-        self.call("cuCtxCreate_v2", ctypes.byref(self.ctx), 0, self.dev)
+        # the device's primary context, as the runtime API and every framework use it (an
+        # interposer may treat contexts made with cuCtxCreate differently: HAMi-core built
+        # against CUDA 13 does not count those against the limit)
+        self.call("cuDevicePrimaryCtxRetain", ctypes.byref(self.ctx), self.dev)
+        self.call("cuCtxSetCurrent", self.ctx)
 
     def close(self) -> None:
         for p in self.ptrs:
             self.fn["cuMemFree_v2"](p)
         self.ptrs.clear()
         if self.ctx.value:
-            self.fn["cuCtxDestroy_v2"](self.ctx)
+            self.fn["cuDevicePrimaryCtxRelease_v2"](self.dev)
             self.ctx = ctypes.c_void_p()
 
     def attribute(self, attr: int) -> int:
@@ -208,10 +255,10 @@ class Cuda:
 
 
 class Kernel:
-    def __init__(self, cuda: Cuda) -> None:
+    def __init__(self, cuda: Cuda, kind: str = "spin") -> None:
         self.cuda = cuda
         self.module = ctypes.c_void_p()
-        cuda.call("cuModuleLoadData", ctypes.byref(self.module), SPIN_PTX)
+        cuda.call("cuModuleLoadData", ctypes.byref(self.module), KERNELS[kind])
         self.func = ctypes.c_void_p()
         cuda.call("cuModuleGetFunction", ctypes.byref(self.func), self.module, b"spin")
         sms = cuda.attribute(ATTR_MULTIPROCESSOR_COUNT)
@@ -347,7 +394,7 @@ def act_fill(cuda: Cuda, args) -> dict:
 
 
 def act_spin(cuda: Cuda, args) -> dict:
-    k = Kernel(cuda)
+    k = Kernel(cuda, args.kernel)
     cycles = args.cycles if args.cycles is not None else k.cycles_for(args.kernel_ms)
     blocks = args.blocks or k.per_wave * WAVES
     k.launch(cycles, blocks)  # warm-up (module upload, first launch)
@@ -370,7 +417,8 @@ def act_spin(cuda: Cuda, args) -> dict:
         now = time.monotonic()
     elapsed = now - t0
     return {"kernels": n, "elapsed_s": elapsed, "rate": n / elapsed if elapsed else 0.0,
-            "cycles": cycles, "blocks": blocks, "threads": THREADS_PER_BLOCK}
+            "cycles": cycles, "blocks": blocks, "threads": THREADS_PER_BLOCK,
+            "kernel": args.kernel}
 
 
 def act_allocspeed(cuda: Cuda, args) -> dict:
@@ -404,6 +452,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--upper-mib", type=int, default=0, help="mem: search up to this many MiB")
     p.add_argument("--mib", type=int, default=1, help="hold/allocspeed: MiB per allocation")
     p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--kernel", choices=sorted(KERNELS), default="spin",
+                   help="spin: the busy loop (clock time); burn: multiply-adds (work)")
     p.add_argument("--kernel-ms", type=float, default=1.0, help="spin: length of one launch")
     p.add_argument("--cycles", type=int, default=None, help="spin: cycles per block")
     p.add_argument("--blocks", type=int, default=0, help="spin: grid size (default: fill)")
