@@ -36,7 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="kubeconfig file (default: in-cluster, else $KUBECONFIG)")
     p.add_argument("--metrics-listen", default="0.0.0.0:9400", help="HOST:PORT, or '' for none")
     p.add_argument("--hami-library", default="/usr/local/vgpu/libvgpu.so",
-                   help="host path of HAMi-core's libvgpu.so (mounted at the same path)")
+                   help="host path of HAMi-core's libvgpu.so (containers see it at "
+                        "/usr/local/vgpu/libvgpu.so)")
     p.add_argument("--hami-installed", default="",
                    help="file naming the library the chart's init container installed (wins "
                         "over --hami-library)")
