@@ -30,7 +30,13 @@ from sharegpu.agent.isolation import (
 )
 from sharegpu.agent.metrics import render
 from sharegpu.agent.mps import MpsConfig, MpsSupervisor, read_state
-from sharegpu.agent.readiness import HAMI_FIX, check_hami, check_mps, elf_problem
+from sharegpu.agent.readiness import (
+    HAMI_FIX,
+    check_hami,
+    check_mps,
+    elf_problem,
+    write_preload_list,
+)
 from sharegpu.errors import ValidationError
 
 HERE = Path(__file__).resolve().parent
@@ -191,6 +197,46 @@ async def test_no_library_refuses_with_the_reason_then_recovers(harness, short_d
     # the host's library, where HAMi-core looks for its own hooks in the container
     assert [m.host_path for m in resp.mounts if m.container_path == HAMI_CONTAINER_LIBRARY] \
         == [lib]
+    # and the loader's own preload list, which the pod's LD_PRELOAD cannot replace
+    preload = [m for m in resp.mounts if m.container_path == "/etc/ld.so.preload"]
+    assert len(preload) == 1 and preload[0].read_only
+    assert preload[0].host_path == f"{h.agent.config.state_dir}/ld.so.preload"
+    assert Path(preload[0].host_path).read_text() == "/usr/local/vgpu/libvgpu.so\n"
+
+
+def test_preload_list_written_once_and_refused_when_it_cannot_be(tmp_path):
+    path = tmp_path / "state" / "ld.so.preload"
+    assert write_preload_list(str(path)) is None
+    assert path.read_text() == "/usr/local/vgpu/libvgpu.so\n"
+    inode = path.stat().st_ino
+    assert write_preload_list(str(path)) is None and path.stat().st_ino == inode  # unchanged
+    path.write_text("/somewhere/else.so\n")
+    assert write_preload_list(str(path)) is None
+    assert path.read_text() == "/usr/local/vgpu/libvgpu.so\n"
+    # a directory where the file belongs (what a runtime makes for a missing mount source)
+    d = tmp_path / "dir" / "ld.so.preload"
+    d.mkdir(parents=True)
+    assert write_preload_list(str(d)) == (
+        f"the preload list {d} is a directory (a container runtime makes one when a mount's "
+        "source is missing): remove it")
+
+
+async def test_agent_refuses_when_its_preload_list_cannot_be_written(harness, short_dir, libs):
+    """Without the preload list a pod's own LD_PRELOAD would switch isolation off: refused."""
+    h = await harness(GPUS, mode="cgpu", isolation_paths=iso_config(short_dir, libs["ok"]),
+                      isolation_check_s=0.1)
+    assert h.agent.readiness.ready
+    preload = f"{h.agent.config.state_dir}/ld.so.preload"
+    os.unlink(preload)
+    os.makedirs(preload)
+    await wait_until(lambda: not h.agent.readiness.ready)
+    assert h.agent.readiness.reason.startswith(f"the preload list {preload} is a directory")
+    assert h.agent.config.state_dir in h.agent.readiness.fix
+    h.kube.add_pod(make_pod("p1", [{"mem": 1}], alloc={0: {0: 1}}))
+    err = await allocate_error(h, [f"{h.agent.gpus[0].uuid}-_-0"])
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+    os.rmdir(preload)
+    await wait_until(lambda: h.agent.readiness.ready)  # written again, recovered
 
 
 @pytest.mark.parametrize("kind", ["arm64", "gone", "exec"])

@@ -2,7 +2,9 @@
 back-end (SPEC §6), and the cGPU compute policy that decides how compute is shared.
 
 - ``hami`` (modes ``cgpu`` and ``core_mem``): HAMi-core's ``libvgpu.so`` mounted at
-  ``/usr/local/vgpu/libvgpu.so`` in the container and preloaded from there with ``LD_PRELOAD``
+  ``/usr/local/vgpu/libvgpu.so`` in the container and preloaded from there, by ``LD_PRELOAD`` and
+  by the loader's own list ``/etc/ld.so.preload`` (a file the agent writes, mounted read-only:
+  the pod's own ``LD_PRELOAD`` would replace the agent's)
   (HAMi-core looks its own hooks up by opening that path: a library elsewhere in the container
   loads but limits nothing, as measured on an H200 — bench/README.md, "Isolation on a real
   GPU"); ``CUDA_DEVICE_MEMORY_LIMIT_<i>`` per visible GPU and, when the container's
@@ -43,6 +45,15 @@ from ..modes import Mode
 # Where a container finds HAMi-core: the path HAMi mounts it at, and the one HAMi-core opens to
 # find its own hooks (``CUDA_REDIRECT`` names another, for a process outside a container).
 HAMI_CONTAINER_LIBRARY = "/usr/local/vgpu/libvgpu.so"
+# The loader's own preload list, which a container's environment cannot change: a pod that sets
+# LD_PRELOAD itself (jemalloc, say) replaces the agent's LD_PRELOAD, since the kubelet puts the
+# pod's variables after the device plugin's; the library named here is loaded all the same.
+PRELOAD_LIST = "/etc/ld.so.preload"
+PRELOAD_FILE = "ld.so.preload"  # the host file the agent writes into its state directory
+
+
+def preload_list_text() -> str:
+    return HAMI_CONTAINER_LIBRARY + "\n"
 
 
 class Backend(StrEnum):
@@ -126,6 +137,8 @@ class IsolationConfig:
     hami_library: str = "/usr/local/vgpu/libvgpu.so"  # host path, mounted at HAMI_CONTAINER_LIBRARY
     hami_cache_dir: str = "/tmp/sharegpu-vgpu"  # host dir for HAMi-core's shared usage file
     hami_lock_dir: str = "/tmp/vgpulock"  # host dir shared by every container on the node
+    # host file holding preload_list_text(), mounted as the container's /etc/ld.so.preload
+    hami_preload_file: str = "/var/lib/sharegpu/ld.so.preload"
     mps_pipe_dir: str = "/run/nvidia/mps"  # host dir of the MPS control daemon's pipes
     mps_shm_dir: str = "/run/nvidia/mps-shm"  # host dir the daemon and clients share as /dev/shm
     mps_container_pipe_dir: str = "/tmp/nvidia-mps"
@@ -206,6 +219,7 @@ def isolation_env(
         uid = pod_uid or "pod"
         envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"/tmp/sharegpu-vgpu/{uid}.cache"
         mounts.append(Mount(HAMI_CONTAINER_LIBRARY, config.hami_library, True))
+        mounts.append(Mount(PRELOAD_LIST, config.hami_preload_file, True))
         mounts.append(Mount("/tmp/sharegpu-vgpu", f"{config.hami_cache_dir}/{uid}", False))
         # HAMi-core serialises its per-GPU bookkeeping across containers with lock files here
         mounts.append(Mount("/tmp/vgpulock", config.hami_lock_dir, False))

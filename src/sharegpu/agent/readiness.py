@@ -13,6 +13,7 @@ operator does about it; the exact sentences are part of the interface (tests nam
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import struct
@@ -21,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .isolation import Backend
+from .isolation import Backend, preload_list_text
 
 # ELF e_machine values of the architectures Kubernetes GPU nodes run on.
 ELF_MACHINES = {62: "x86_64", 183: "aarch64", 21: "ppc64le", 40: "arm", 3: "i386"}
@@ -152,6 +153,36 @@ def load_problem(path: str, timeout_s: float = 20.0) -> str | None:
         detail = f"the loader died with signal {-r.returncode}"
     detail = detail.removeprefix("OSError: ")
     return f"{path} cannot be loaded: {detail}"
+
+
+def write_preload_list(path: str) -> str | None:
+    """Make the host file ``path`` hold what containers get as ``/etc/ld.so.preload`` (written
+    whole, and only when it differs); why it could not be, or ``None``."""
+    want = preload_list_text()
+    try:
+        with open(path) as f:
+            if f.read() == want:
+                return None
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        if not os.path.isdir(path):
+            return f"the preload list {path} cannot be read ({e.strerror or e})"
+    if os.path.isdir(path):
+        return (f"the preload list {path} is a directory (a container runtime makes one when a "
+                "mount's source is missing): remove it")
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(tmp, "w") as f:
+            f.write(want)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        return f"the preload list {path} cannot be written ({e.strerror or e})"
+    return None
 
 
 def check_hami(path: str, *, machine: int | None = None, load: bool = True) -> Readiness:

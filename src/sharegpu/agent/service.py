@@ -32,12 +32,12 @@ from .allocate import (
 )
 from .conflicts import gpu_plugins
 from .devices import SOCKETS, DeviceMap, devices_for
-from .isolation import Backend, IsolationConfig, backend_for
+from .isolation import PRELOAD_FILE, Backend, IsolationConfig, backend_for
 from .kube import KubeApi
 from .mps import CURRENT_MODE_FILE
 from .nvml import Nvml
 from .plugin import KUBELET_SOCKET, DevicePlugin
-from .readiness import READY_NONE, Readiness, check_hami, check_mps
+from .readiness import READY_NONE, Readiness, check_hami, check_mps, write_preload_list
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +76,10 @@ class Agent:
         self.kube = kube
         self.gpus = nvml.gpus()
         self.devices = DeviceMap(self.gpus)
-        self.allocator = Allocator(config.node_name, self.devices,
-                                   isolation=config.isolation_paths)
+        # the preload list lives in the agent's state directory (a host directory it writes)
+        self.allocator = Allocator(config.node_name, self.devices, isolation=replace(
+            config.isolation_paths,
+            hami_preload_file=os.path.join(config.state_dir, PRELOAD_FILE)))
         self.mode: Mode = Mode.EXCLUSIVE
         self.labels: dict[str, str] = {}
         self.unhealthy: set[int] = set()
@@ -272,6 +274,11 @@ class Agent:
                 return Readiness(Backend.HAMI, False, problem, HAMI_FIX)
             if path != self.allocator.isolation.hami_library:
                 self.allocator.isolation = replace(self.allocator.isolation, hami_library=path)
+            problem = write_preload_list(self.allocator.isolation.hami_preload_file)
+            if problem:
+                return Readiness(Backend.HAMI, False, problem,
+                                 f"make {self.config.state_dir} (--state-dir, the chart's "
+                                 "agent.stateDir) a writable host directory")
             return check_hami(path, load=self.config.load_check)
         if backend is Backend.MPS:
             return check_mps(self.config.isolation_paths.mps_pipe_dir, self.config.mps_control)
