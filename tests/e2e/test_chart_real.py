@@ -101,10 +101,12 @@ def get_json(cp: ControlPlane, path: str) -> dict[str, Any]:
 
 
 def api_path(doc: Mapping[str, Any]) -> str:
-    """The REST path of a manifest object (every kind the chart renders has a regular plural)."""
+    """The REST path of a manifest object (the kinds the chart renders have regular plurals:
+    -s, or -ies after a consonant and y, as NetworkPolicy)."""
     group_version = doc["apiVersion"]
     base = f"/api/{group_version}" if "/" not in group_version else f"/apis/{group_version}"
-    plural = doc["kind"].lower() + "s"
+    kind = doc["kind"].lower()
+    plural = kind[:-1] + "ies" if kind.endswith("y") and kind[-2] not in "aeiou" else kind + "s"
     ns = doc["metadata"].get("namespace")
     if doc["kind"] in CLUSTER_SCOPED:
         return f"{base}/{plural}/{doc['metadata']['name']}"
