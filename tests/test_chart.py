@@ -433,8 +433,6 @@ def test_scheduler_verifies_the_extender_certificate_with_the_charts_ca(tmp_path
     chart's Secret with exactly that caData under that name (a client without it fails)."""
     import ssl
 
-    from sharegpu.commands.extender import _handshake
-
     docs = render(None)
     ext, secret = _extender_tls(docs)
     svc = one(docs, "Service", "extender")
@@ -446,6 +444,8 @@ def test_scheduler_verifies_the_extender_certificate_with_the_charts_ca(tmp_path
     data = {k: base64.b64decode(v) for k, v in secret["data"].items()}
     for k in ("tls.crt", "tls.key"):
         (tmp_path / k).write_bytes(data[k])
+    from sharegpu.commands.extender import _handshake  # an in-memory TLS handshake
+
     server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server.load_cert_chain(tmp_path / "tls.crt", tmp_path / "tls.key")
     client = ssl.create_default_context(cadata=base64.b64decode(ext["tlsConfig"]["caData"])
