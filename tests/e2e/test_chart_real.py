@@ -381,6 +381,11 @@ def test_upgrade_keeps_the_webhook_certificate(release: Release) -> None:
     helm(cp, "upgrade", RELEASE, str(CHART), "-n", ns)
     assert json.loads(helm(cp, "status", RELEASE, "-n", ns, "-o", "json"))["version"] == 2
     assert state() == before
+    # the certificate made once per render (kept in .Values while rendering) is not stored as a
+    # value of the release
+    values = json.loads(helm(cp, "get", "values", RELEASE, "-n", ns, "--all", "-o", "json"))
+    assert "_extenderTLS" not in values
+    assert "LS0tLS1CRUdJTi" not in json.dumps(values)  # base64 of "-----BEGIN": no PEM at all
 
 
 def test_controllers_run_the_chart_workloads(release: Release) -> None:
