@@ -444,17 +444,17 @@ def test_scheduler_verifies_the_extender_certificate_with_the_charts_ca(tmp_path
     data = {k: base64.b64decode(v) for k, v in secret["data"].items()}
     for k in ("tls.crt", "tls.key"):
         (tmp_path / k).write_bytes(data[k])
-    from sharegpu.commands.extender import _handshake  # an in-memory TLS handshake
+    from sharegpu.commands.extender import handshake_in_memory  # an in-memory TLS handshake
 
     server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server.load_cert_chain(tmp_path / "tls.crt", tmp_path / "tls.key")
     client = ssl.create_default_context(cadata=base64.b64decode(ext["tlsConfig"]["caData"])
                                         .decode())
-    _handshake(server, client, ext["tlsConfig"]["serverName"])  # raises if it does not verify
+    handshake_in_memory(server, client, ext["tlsConfig"]["serverName"])  # raises if it does not verify
     with pytest.raises(ssl.SSLCertVerificationError):
-        _handshake(server, client, f"other.{NS}.svc")
+        handshake_in_memory(server, client, f"other.{NS}.svc")
     with pytest.raises(ssl.SSLCertVerificationError):  # the system's CAs do not know it
-        _handshake(server, ssl.create_default_context(), name)
+        handshake_in_memory(server, ssl.create_default_context(), name)
     cert = _x509(data["tls.crt"].decode())
     for dns in (name, f"{name}.cluster.local", f"sharegpu-extender.{NS}", "sharegpu-extender"):
         assert f"DNS:{dns}" in cert

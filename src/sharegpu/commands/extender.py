@@ -57,7 +57,7 @@ def client_context(ca: str | None, flag: str = "--tls-ca") -> ssl.SSLContext:
     return ctx
 
 
-def _handshake(server: ssl.SSLContext, client: ssl.SSLContext, name: str) -> None:
+def handshake_in_memory(server: ssl.SSLContext, client: ssl.SSLContext, name: str) -> None:
     """A TLS handshake in memory: ``client`` verifying ``server``'s certificate under ``name``
     (raises ssl.SSLError when it does not verify)."""
     c_in, c_out, s_in, s_out = (ssl.MemoryBIO() for _ in range(4))
@@ -114,7 +114,7 @@ def tls_settings(args: argparse.Namespace) -> Tls:
                               "Service's name)")
     peer = client_context(args.tls_ca)
     try:
-        _handshake(server, peer, args.tls_server_name)
+        handshake_in_memory(server, peer, args.tls_server_name)
     except ssl.SSLError as e:
         reason = getattr(e, "verify_message", "") or e.reason or str(e)
         raise ValidationError("--tls-server-name", args.tls_server_name,
