@@ -450,7 +450,8 @@ def test_scheduler_verifies_the_extender_certificate_with_the_charts_ca(tmp_path
     server.load_cert_chain(tmp_path / "tls.crt", tmp_path / "tls.key")
     client = ssl.create_default_context(cadata=base64.b64decode(ext["tlsConfig"]["caData"])
                                         .decode())
-    handshake_in_memory(server, client, ext["tlsConfig"]["serverName"])  # raises if it does not verify
+    # raises if the certificate does not verify
+    handshake_in_memory(server, client, ext["tlsConfig"]["serverName"])
     with pytest.raises(ssl.SSLCertVerificationError):
         handshake_in_memory(server, client, f"other.{NS}.svc")
     with pytest.raises(ssl.SSLCertVerificationError):  # the system's CAs do not know it
