@@ -123,8 +123,10 @@ class Http:
         self.reader, self.writer = reader, writer
 
     @classmethod
-    async def open(cls, port: int) -> Http:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    async def open(cls, port: int, ssl: Any = None, server_hostname: str | None = None) -> Http:
+        """``ssl``: an ``ssl.SSLContext`` to speak TLS, verifying ``server_hostname``."""
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=ssl,
+                                                       server_hostname=server_hostname)
         return cls(reader, writer)
 
     async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:

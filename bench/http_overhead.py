@@ -7,6 +7,9 @@ answers a small JSON object) and a GET handler that reports the process's CPU ti
 keep-alive client of ``extender_latency.py`` sends ``--requests`` POSTs of a 7 KB body (the
 size of a filter request with 500 node names) one after the other. What is compared is the
 server process's CPU time per request: parsing, dispatch, the answer and the kernel's share.
+With ``--tls`` the extender's server is also measured over TLS (one kept-alive connection, as
+kube-scheduler keeps its connections; a certificate made for the run by
+``sharegpu.testing.tls``, which needs the ``cryptography`` package of the ``test`` extra).
 """
 
 from __future__ import annotations
@@ -25,16 +28,23 @@ BODY = json.dumps({"Pod": {"metadata": {"name": "p"}},
                    "NodeNames": [f"node-{i:05d}" for i in range(500)]}).encode()
 
 
-def serve_ours(q: Any) -> None:
+def serve_ours(q: Any, cert: tuple[str, str] | None = None) -> None:
+    import ssl
+
     from sharegpu.extender.httpserver import HttpServer, Request, Response, text_response
 
     def post(req: Request) -> Response:
         return Response(200, b'{"ok":true}') if req.body else Response(400)
 
+    ctx = None
+    if cert is not None:
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(*cert)
+
     async def main() -> None:
         server = HttpServer({("POST", "/filter"): post,
                              ("GET", "/cpu"): lambda r: text_response(repr(time.process_time()))})
-        q.put(await server.start("127.0.0.1", 0))
+        q.put(await server.start("127.0.0.1", 0, ctx))
         await asyncio.Event().wait()
 
     asyncio.run(main())
@@ -64,8 +74,8 @@ def serve_aiohttp(q: Any) -> None:
     asyncio.run(main())
 
 
-async def drive(port: int, n: int) -> dict[str, float]:
-    c = await Http.open(port)
+async def drive(port: int, n: int, client_tls: Any = None) -> dict[str, float]:
+    c = await (Http.open(port, client_tls, "localhost") if client_tls else Http.open(port))
     for _ in range(3000):  # warm up
         await c.request("POST", "/filter", BODY)
     _, a = await c.request("GET", "/cpu")
@@ -80,13 +90,14 @@ async def drive(port: int, n: int) -> dict[str, float]:
             "wall_us_per_request": round(1e6 * wall / n, 1)}
 
 
-def measure(target: Any, n: int) -> dict[str, float]:
+def measure(target: Any, n: int, args: tuple[Any, ...] = (),
+            client_tls: Any = None) -> dict[str, float]:
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    proc = ctx.Process(target=target, args=(q,), daemon=True)
+    proc = ctx.Process(target=target, args=(q, *args), daemon=True)
     proc.start()
     try:
-        return asyncio.run(drive(q.get(timeout=60), n))
+        return asyncio.run(drive(q.get(timeout=60), n, client_tls))
     finally:
         proc.terminate()
         proc.join()
@@ -95,6 +106,8 @@ def measure(target: Any, n: int) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=10000)
+    p.add_argument("--tls", action="store_true",
+                   help="also measure the extender's server over TLS (kept-alive connection)")
     a = p.parse_args(argv)
     if a.requests < 1:
         p.error("--requests must be at least 1")
@@ -104,6 +117,20 @@ def main(argv: list[str] | None = None) -> int:
            "aiohttp": theirs,
            "cpu_ratio_aiohttp_over_ours": round(theirs["server_cpu_us_per_request"]
                                                 / ours["server_cpu_us_per_request"], 2)}
+    if a.tls:
+        import ssl
+        import tempfile
+        from pathlib import Path
+
+        from sharegpu.testing.tls import make_certificates
+
+        with tempfile.TemporaryDirectory() as tmp:
+            files = make_certificates(Path(tmp), hosts=("localhost",))
+            client = ssl.create_default_context(cafile=str(files.ca_cert))
+            tls = measure(serve_ours, a.requests, ((str(files.cert), str(files.key)),), client)
+        out["sharegpu_httpserver_tls"] = tls
+        out["tls_extra_server_cpu_us_per_request"] = round(
+            tls["server_cpu_us_per_request"] - ours["server_cpu_us_per_request"], 1)
     print(json.dumps(out, indent=2))
     return 0
 

@@ -309,7 +309,8 @@ def test_scheduler_profile_calls_the_extender_service():
              "ignorable"}
     assert set(ext) <= known
     port = svc["spec"]["ports"][0]["port"]
-    assert ext["urlPrefix"] == f"http://{svc['metadata']['name']}.{NS}.svc:{port}"
+    assert svc["spec"]["ports"][0]["name"] == "https"
+    assert ext["urlPrefix"] == f"https://{svc['metadata']['name']}.{NS}.svc:{port}"
     assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]) == (
         "filter", "prioritize", "bind")
     assert {r["name"] for r in ext["managedResources"]} == {
@@ -337,7 +338,9 @@ def test_default_profile_mode_runs_no_scheduler_and_prints_the_config():
     notes = r.stdout.split("NOTES:", 1)[1]
     block = notes.split("extenders:", 1)[1].split("\n\n", 1)[0]
     (ext,) = yaml.safe_load(block)
-    assert ext["urlPrefix"] == f"http://sharegpu-extender.{NS}.svc:8888"
+    assert ext["urlPrefix"] == f"https://sharegpu-extender.{NS}.svc:8888"
+    assert ext["enableHTTPS"] is True
+    assert ext["tlsConfig"]["serverName"] == f"sharegpu-extender.{NS}.svc"
     assert "schedulerName" not in notes
 
 
@@ -409,10 +412,161 @@ def test_webhook_certificate_and_fail_closed():
     assert NS in excluded and "kube-system" in excluded
     # cert-manager instead of the Helm-made certificate
     cm = render("cert-manager.yaml")
-    assert not [d for d in cm if d["kind"] == "Secret"]
+    assert not [d for d in cm if d["kind"] == "Secret" and "webhook" in d["metadata"]["name"]]
     assert one(cm, "Certificate")["spec"]["secretName"] == secret["metadata"]["name"]
     assert "caBundle" not in one(cm, "ValidatingWebhookConfiguration")["webhooks"][0][
         "clientConfig"]
+
+
+# --- the extender over TLS, and its NetworkPolicy (issue 13, item 6) -------------------------
+
+
+def _extender_tls(docs):
+    cfg = yaml.safe_load(one(docs, "ConfigMap", "scheduler-config")["data"]["config.yaml"])
+    (ext,) = cfg["extenders"]
+    return ext, one(docs, "Secret", "extender-tls")
+
+
+def test_scheduler_verifies_the_extender_certificate_with_the_charts_ca(tmp_path):
+    """kube-scheduler's extender block is https with caData (the chart's CA) and serverName
+    (the Service's name), and a real TLS handshake verifies the extender's certificate from the
+    chart's Secret with exactly that caData under that name (a client without it fails)."""
+    import ssl
+
+    docs = render(None)
+    ext, secret = _extender_tls(docs)
+    svc = one(docs, "Service", "extender")
+    name = f"{svc['metadata']['name']}.{NS}.svc"
+    assert ext["urlPrefix"] == f"https://{name}:8888"
+    assert ext["enableHTTPS"] is True
+    assert ext["tlsConfig"] == {"serverName": name, "caData": secret["data"]["ca.crt"]}
+    assert secret["type"] == "kubernetes.io/tls"
+    data = {k: base64.b64decode(v) for k, v in secret["data"].items()}
+    for k in ("tls.crt", "tls.key"):
+        (tmp_path / k).write_bytes(data[k])
+    from sharegpu.commands.extender import handshake_in_memory  # an in-memory TLS handshake
+
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(tmp_path / "tls.crt", tmp_path / "tls.key")
+    client = ssl.create_default_context(cadata=base64.b64decode(ext["tlsConfig"]["caData"])
+                                        .decode())
+    # raises if the certificate does not verify
+    handshake_in_memory(server, client, ext["tlsConfig"]["serverName"])
+    with pytest.raises(ssl.SSLCertVerificationError):
+        handshake_in_memory(server, client, f"other.{NS}.svc")
+    with pytest.raises(ssl.SSLCertVerificationError):  # the system's CAs do not know it
+        handshake_in_memory(server, ssl.create_default_context(), name)
+    cert = _x509(data["tls.crt"].decode())
+    for dns in (name, f"{name}.cluster.local", f"sharegpu-extender.{NS}", "sharegpu-extender"):
+        assert f"DNS:{dns}" in cert
+    assert "TLS Web Server Authentication" in cert  # Go's verifier checks the key usage
+    # the extender serves the Secret and verifies the leader with its CA under the same name
+    dep = one(docs, "Deployment", "extender")
+    a = args_of(dep)
+    assert {"--tls-cert=/tls/tls.crt", "--tls-key=/tls/tls.key", "--tls-ca=/tls/ca.crt",
+            f"--tls-server-name={name}", "--metrics-listen=0.0.0.0:8889"} <= set(a)
+    assert "--insecure" not in a
+    pod = dep["spec"]["template"]
+    vols = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert vols["tls"]["secret"]["secretName"] == secret["metadata"]["name"]
+    assert {"name": "tls", "mountPath": "/tls", "readOnly": True} in container(dep)[
+        "volumeMounts"]
+    assert pod["metadata"]["annotations"]["checksum/tls"]  # a new certificate rolls the pods
+    # the verbs on the TLS port only; probes and metrics on the plain metrics port
+    ports = {p["name"]: p["containerPort"] for p in container(dep)["ports"]}
+    assert ports == {"https": 8888, "metrics": 8889}
+    for probe in ("livenessProbe", "readinessProbe"):
+        got = container(dep)[probe]["httpGet"]
+        assert got["port"] == "metrics" and got.get("scheme", "HTTP") == "HTTP"
+    assert [(p["name"], p["port"], p["targetPort"]) for p in svc["spec"]["ports"]] == [
+        ("https", 8888, "https"), ("metrics", 8889, "metrics")]
+    # the block the NOTES print for scheduler.mode=default carries the same TLS settings
+    r = run_helm("install", "sharegpu", str(CHART), "-n", NS, "--dry-run=client",
+                 "-f", str(CHART / "examples" / "default-scheduler.yaml"))
+    assert r.returncode == 0, r.stderr
+    manifest, notes = r.stdout.split("NOTES:", 1)
+    (printed,) = yaml.safe_load(notes.split("extenders:", 1)[1].split("\n\n", 1)[0])
+    installed = next(d for d in yaml.safe_load_all(manifest.split("MANIFEST:", 1)[1]) if d
+                     and d["kind"] == "Secret" and d["metadata"]["name"].endswith("extender-tls"))
+    assert printed["tlsConfig"] == {"serverName": name, "caData": installed["data"]["ca.crt"]}
+
+
+def test_extender_tls_opt_out_and_own_secret():
+    # plain HTTP only when asked for by name
+    plain = render(None, KUBE, "extender.tls.enabled=false")
+    ext = yaml.safe_load(one(plain, "ConfigMap", "scheduler-config")["data"]["config.yaml"])[
+        "extenders"][0]
+    assert ext["urlPrefix"].startswith("http://") and ext["enableHTTPS"] is False
+    assert "tlsConfig" not in ext
+    assert "--insecure" in args_of(one(plain, "Deployment", "extender"))
+    assert not [d for d in plain if d["kind"] == "Secret" and "extender" in
+                d["metadata"]["name"]]
+    assert one(plain, "NetworkPolicy", "extender")["spec"]["ingress"][0]["ports"][0]["port"] \
+        == "http"
+    # a Secret of one's own (cert-manager): not rendered; the scheduler mounts only its ca.crt
+    own = render(None, KUBE, "extender.tls.existingSecret=my-extender-tls")
+    assert not [d for d in own if d["kind"] == "Secret" and "extender" in d["metadata"]["name"]]
+    ext = yaml.safe_load(one(own, "ConfigMap", "scheduler-config")["data"]["config.yaml"])[
+        "extenders"][0]
+    assert ext["tlsConfig"] == {"serverName": f"sharegpu-extender.{NS}.svc",
+                                "caFile": "/etc/sharegpu-extender-ca/ca.crt"}
+    sched = one(own, "Deployment", "scheduler")["spec"]["template"]["spec"]
+    (vol,) = [v for v in sched["volumes"] if v["name"] == "extender-ca"]
+    assert vol["secret"] == {"secretName": "my-extender-tls",
+                             "items": [{"key": "ca.crt", "path": "ca.crt"}]}
+    assert {"name": "extender-ca", "mountPath": "/etc/sharegpu-extender-ca",
+            "readOnly": True} in container(one(own, "Deployment", "scheduler"))["volumeMounts"]
+    dep = one(own, "Deployment", "extender")["spec"]["template"]["spec"]
+    assert {"name": "tls", "secret": {"secretName": "my-extender-tls"}} in dep["volumes"]
+    r = run_helm("template", "x", str(CHART), "--set", "extender.metricsPort=8888")
+    assert r.returncode != 0 and "extender.metricsPort must differ" in r.stderr
+
+
+def _matches(selector, labels):
+    return selector["matchLabels"].items() <= labels.items()
+
+
+def test_extender_network_policy_admits_only_the_scheduler_to_the_verbs():
+    """Rendered selectors (no network plugin enforces NetworkPolicy here): the policy selects
+    the extender pods; the verb port admits the chart's kube-scheduler pods and the extender
+    replicas (bind forwarding), not the agent or the webhook; the metrics port is open."""
+    docs = render(None)
+    pol = one(docs, "NetworkPolicy", "extender")
+    spec = pol["spec"]
+    labels = {d["metadata"]["name"]: d["spec"]["template"]["metadata"]["labels"]
+              for d in docs if d["kind"] in ("Deployment", "DaemonSet")}
+    assert spec["policyTypes"] == ["Ingress"]
+    assert [n for n, lab in labels.items() if _matches(spec["podSelector"], lab)] == [
+        "sharegpu-extender"]
+    verbs, metrics = spec["ingress"]
+    assert verbs["ports"] == [{"port": "https", "protocol": "TCP"}]
+    admitted = {n for peer in verbs["from"] for n, lab in labels.items()
+                if set(peer) == {"podSelector"} and _matches(peer["podSelector"], lab)}
+    assert admitted == {"sharegpu-scheduler", "sharegpu-extender"}
+    assert all(set(peer) == {"podSelector"} for peer in verbs["from"])  # this namespace only
+    # the named ports are the extender container's
+    names = {p["name"] for p in container(one(docs, "Deployment", "extender"))["ports"]}
+    assert {verbs["ports"][0]["port"], metrics["ports"][0]["port"]} == names
+    assert metrics == {"ports": [{"port": "metrics", "protocol": "TCP"}]}  # from anywhere
+    prom = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    limited = one(render(None, KUBE, "extender.networkPolicy.metricsFrom[0].namespaceSelector"
+                         ".matchLabels.kubernetes\\.io/metadata\\.name=monitoring"),
+                  "NetworkPolicy", "extender")
+    assert limited["spec"]["ingress"][1]["from"] == prom
+    assert not [d for d in render(None, KUBE, "extender.networkPolicy.enabled=false")
+                if d["kind"] == "NetworkPolicy"]
+    # scheduler.mode=default: the cluster's kube-scheduler matches no pod selector; the chart
+    # refuses to render a policy that would block it, unless told where it runs
+    r = run_helm("template", "x", str(CHART), "--set", "scheduler.mode=default")
+    assert r.returncode != 0
+    assert "extender.networkPolicy.extraIngress" in r.stderr and "enabled=false" in r.stderr
+    dflt = one(render("default-scheduler.yaml"), "NetworkPolicy", "extender")["spec"]
+    peers = dflt["ingress"][0]["from"]
+    assert {"ipBlock": {"cidr": "192.0.2.0/28"}} in peers
+    assert not [p for p in peers if "podSelector" in p and _matches(
+        p["podSelector"], {"app.kubernetes.io/component": "scheduler",
+                           "app.kubernetes.io/name": "sharegpu",
+                           "app.kubernetes.io/instance": "sharegpu"})]
 
 
 def _x509(pem: str) -> str:
@@ -514,7 +668,7 @@ def test_dashboard_uses_only_exported_metrics():
 
 def test_service_monitors_scrape_named_ports_and_dashboard_configmap():
     docs = render("monitoring.yaml")
-    for comp, port in (("extender", "http"), ("agent", "metrics")):
+    for comp, port in (("extender", "metrics"), ("agent", "metrics")):
         sm = one(docs, "ServiceMonitor", comp)
         svc = one(docs, "Service", comp)
         assert sm["spec"]["selector"]["matchLabels"].items() <= \
@@ -532,7 +686,8 @@ def test_service_monitors_scrape_named_ports_and_dashboard_configmap():
 
 # the agreed command-line interface of the components the chart starts
 AGREED = {
-    "extender": ["--listen", "--policy", "--tls-cert", "--tls-key", "--kubeconfig",
+    "extender": ["--listen", "--policy", "--tls-cert", "--tls-key", "--tls-ca",
+                 "--tls-server-name", "--insecure", "--metrics-listen", "--kubeconfig",
                  "--lease-namespace", "--lease-name", "--id", "--check-every", "--log-level",
                  "--no-leader-election", "--graded-scores"],
     "agent": ["--node-name", "--device-plugin-dir", "--state-dir", "--isolation", "--nvml",

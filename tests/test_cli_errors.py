@@ -82,7 +82,7 @@ def test_bad_kubeconfigs_are_one_line(tmp_path, case):
     assert r.returncode != 0
     line = one_line(r)
     assert line.startswith(f"kubectl inspect cgpu: error: kubeconfig='{kc}': {rule}"), line
-    r = run("extender", "--kubeconfig", str(kc), "--listen", "127.0.0.1:0")
+    r = run("extender", "--kubeconfig", str(kc), "--listen", "127.0.0.1:0", "--insecure")
     assert r.returncode == 2
     assert one_line(r).startswith(f"sharegpu extender: error: --kubeconfig='{kc}': {rule}")
 
@@ -92,7 +92,7 @@ def test_extender_waits_for_an_unreachable_api_server():
     with an 88-line traceback."""
     try:
         r = run("extender", "--api-url", "http://127.0.0.1:1", "--listen", "127.0.0.1:0",
-                timeout=3.0)
+                "--insecure", timeout=3.0)
         out = r.stderr
     except subprocess.TimeoutExpired as e:  # still waiting: what we want
         out = (e.stderr or b"").decode() if isinstance(e.stderr, bytes) else (e.stderr or "")

@@ -55,6 +55,10 @@ def certs(tmp_path: Path) -> tuple[Path, Path, ssl.SSLContext]:
     return files.cert, files.key, client
 
 
+def ca_of(crt: Path) -> Path:
+    return crt.parent / "ca.crt"  # make_certificates writes it beside the certificate
+
+
 def spawn(*args: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen([sys.executable, "-m", "sharegpu.cli", *args], env=env,
@@ -77,6 +81,7 @@ def test_extender_process_over_tls(fake_api: Any, tmp_path: Path) -> None:
     port = free_port()
     p = spawn("extender", "--api-url", fake_api.url, "--listen", f"127.0.0.1:{port}",
               "--tls-cert", str(crt), "--tls-key", str(key), "--id", "one",
+              "--tls-ca", str(ca_of(crt)), "--tls-server-name", "localhost",
               "--lease-namespace", "default")
     try:
         base = f"https://127.0.0.1:{port}"

@@ -6,12 +6,15 @@
   nothing here runs pods, and a ``failurePolicy: Fail`` webhook without its Service would refuse
   every pod);
 - :func:`start_extender`: ``sharegpu extender`` with the arguments of the chart's Deployment (its
-  listen address on loopback, ``$(POD_NAME)``/``$(POD_IP)`` as the pod would have them) and its
-  ServiceAccount's token;
+  listen addresses on loopback, ``$(POD_NAME)``/``$(POD_IP)`` as the pod would have them, the
+  chart's TLS Secret in files where the pod mounts it) and its ServiceAccount's token; it serves
+  the verbs over TLS with the chart's certificate, which names only the Service: clients connect
+  to 127.0.0.1 and verify the Service's name with the chart's CA (:class:`LocalExtender`);
 - :func:`scheduler_config_for`: the chart's KubeSchedulerConfiguration (only ``urlPrefix``
-  changed) with the chart's scheduler ServiceAccount as its client, as in the cluster;
+  changed: its https, caData and serverName stay) with the chart's scheduler ServiceAccount as
+  its client, as in the cluster;
 - :class:`ServiceProxy`: a loopback TCP proxy standing in for the extender's Service: each new
-  connection goes to a replica whose ``/readyz`` answers 200 (round robin);
+  connection goes to a replica whose ``/readyz`` answers 200 (round robin; TLS passes through);
 - :class:`PodWatch`: a watch on one namespace's pods recording, per pod, when it was seen bound
   (wall clock), to which node, and each decision annotation written on it;
 - GPU nodes as the agent leaves them (:func:`gpu_node`) and GPU pods (:func:`gpu_pod`).
@@ -20,8 +23,11 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import http.client
 import json
+import ssl
 import sys
 import threading
 import time
@@ -29,6 +35,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -180,21 +187,87 @@ def extender_args(docs: Sequence[Mapping[str, Any]]) -> list[str]:
     raise AssertionError("the chart renders no extender Deployment")
 
 
+def extender_tls_secret(docs: Sequence[Mapping[str, Any]]) -> dict[str, bytes]:
+    """The data of the chart's extender TLS Secret (ca.crt, tls.crt, tls.key), decoded."""
+    for d in docs:
+        if d["kind"] == "Secret" and d["metadata"]["name"].endswith("-extender-tls"):
+            return {k: base64.b64decode(v) for k, v in d["data"].items()}
+    raise AssertionError("the chart renders no extender TLS Secret")
+
+
+def write_tls(directory: Path, data: Mapping[str, bytes]) -> Path:
+    """The Secret's files as the pod's mount /tls has them."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for k in ("ca.crt", "tls.crt", "tls.key"):
+        (directory / k).write_bytes(data[k])
+    (directory / "tls.key").chmod(0o600)
+    return directory
+
+
+class _VerifiedHTTPS(http.client.HTTPSConnection):
+    """HTTPS to an address, the certificate verified under ``server_name`` (as kube-scheduler
+    does with tlsConfig.serverName)."""
+
+    def __init__(self, host: str, port: int, ctx: ssl.SSLContext, server_name: str,
+                 timeout: float) -> None:
+        super().__init__(host, port, context=ctx, timeout=timeout)
+        self._ctx, self._server_name = ctx, server_name
+
+    def connect(self) -> None:
+        http.client.HTTPConnection.connect(self)
+        self.sock = self._ctx.wrap_socket(self.sock, server_hostname=self._server_name)
+
+
+@dataclass(frozen=True)
+class LocalExtender:
+    proc: SharegpuProcess
+    url: str  # https://127.0.0.1:PORT: the verbs (and health, metrics), TLS
+    metrics_url: str  # http://127.0.0.1:PORT: GET /healthz, /readyz, /metrics only
+    ca_pem: str  # the chart's CA
+    server_name: str  # the Service's name the certificate carries
+
+    def client(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cadata=self.ca_pem)
+
+    def post(self, path: str, body: Any, timeout: float = 10.0) -> Any:
+        """POST over TLS, verified with the chart's CA under the Service's name."""
+        host, port = self.url.removeprefix("https://").split(":")
+        conn = _VerifiedHTTPS(host, int(port), self.client(), self.server_name, timeout)
+        try:
+            conn.request("POST", path, json.dumps(body).encode(),
+                         {"Content-Type": "application/json"})
+            r = conn.getresponse()
+            assert r.status == 200, (r.status, r.read()[:300])
+            return json.loads(r.read())
+        finally:
+            conn.close()
+
+
 def start_extender(cp: ControlPlane, docs: Sequence[Mapping[str, Any]], identity: str,
-                   kubeconfig: Path, port: int | None = None) -> tuple[SharegpuProcess, str]:
-    """``sharegpu extender`` as the chart's Deployment runs it, on 127.0.0.1; (process, URL)."""
+                   kubeconfig: Path, port: int | None = None) -> LocalExtender:
+    """``sharegpu extender`` as the chart's Deployment runs it, on 127.0.0.1, serving the
+    chart's certificate over TLS; ready (/readyz on the metrics port)."""
     port = port or free_port()
+    metrics = free_port()
+    tls = write_tls(cp.workdir / f"extender-tls-{identity}", extender_tls_secret(docs))
     args = []
+    server_name = ""
     for a in extender_args(docs):
         if a.startswith("--listen="):
             a = f"--listen=127.0.0.1:{port}"
-        args.append(a.replace("$(POD_NAME)", identity))
+        elif a.startswith("--metrics-listen="):
+            a = f"--metrics-listen=127.0.0.1:{metrics}"
+        elif a.startswith("--tls-server-name="):
+            server_name = a.split("=", 1)[1]
+        args.append(a.replace("$(POD_NAME)", identity).replace("=/tls/", f"={tls}/"))
+    assert server_name and f"--tls-cert={tls}/tls.crt" in args, args
     args.append(f"--kubeconfig={kubeconfig}")
     proc = SharegpuProcess(cp, f"extender-{identity}", args,
                            env={"POD_NAME": identity, "POD_IP": "127.0.0.1"}).start()
-    url = f"http://127.0.0.1:{port}"
-    proc.wait_http(url + "/readyz", timeout=60)
-    return proc, url
+    ext = LocalExtender(proc, f"https://127.0.0.1:{port}", f"http://127.0.0.1:{metrics}",
+                        (tls / "ca.crt").read_text(), server_name)
+    proc.wait_http(ext.metrics_url + "/readyz", timeout=60)
+    return ext
 
 
 def scheduler_config_for(cp: ControlPlane, docs: Sequence[Mapping[str, Any]], release: str,
@@ -253,11 +326,14 @@ class ServiceProxy:
     connections to ready endpoints; a replica that refuses the connection is skipped. Open
     connections stay with their replica (a crashed one resets them, as on a node)."""
 
-    def __init__(self, backends: Sequence[str], probe_s: float = 0.2) -> None:
-        self.backends = list(backends)  # http://127.0.0.1:PORT
+    def __init__(self, backends: Sequence[str], probe_s: float = 0.2,
+                 probes: Mapping[str, str] | None = None) -> None:
+        self.backends = list(backends)  # http(s)://127.0.0.1:PORT
+        self.probes = dict(probes or {})  # backend -> where its /readyz is (default: itself)
         self.probe_s = probe_s
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        scheme = "https" if all(b.startswith("https://") for b in self.backends) else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.port}"  # TLS passes through to the replicas
         self.ready: list[str] = []
         self.connections: dict[str, int] = dict.fromkeys(self.backends, 0)
         self._next = 0
@@ -298,7 +374,8 @@ class ServiceProxy:
         while True:
             ready = []
             for b in self.backends:
-                status, _ = await asyncio.to_thread(http_get, b + "/readyz", 0.5)
+                status, _ = await asyncio.to_thread(http_get,
+                                                    self.probes.get(b, b) + "/readyz", 0.5)
                 if status == 200:
                     ready.append(b)
             self.ready = ready
@@ -309,7 +386,7 @@ class ServiceProxy:
         ready = list(self.ready)
         for k in range(len(ready)):
             b = ready[(self._next + k) % len(ready)]
-            host, port = b.removeprefix("http://").split(":")
+            host, port = b.split("://", 1)[-1].split(":")
             try:
                 upstream = await asyncio.open_connection(host, int(port))
             except OSError:
@@ -499,11 +576,13 @@ __all__ = [
     "IMAGE",
     "RUN_LABEL",
     "ChartRbac",
+    "LocalExtender",
     "PodWatch",
     "Report",
     "ServiceProxy",
     "cleanup",
     "extender_args",
+    "extender_tls_secret",
     "gpu_node",
     "gpu_pod",
     "http_get",
@@ -519,4 +598,5 @@ __all__ = [
     "start_extender",
     "wait_allowed",
     "wait_for",
+    "write_tls",
 ]

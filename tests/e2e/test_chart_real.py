@@ -33,7 +33,6 @@ import re
 import socket
 import ssl
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -63,6 +62,7 @@ from .components import (
     wait_for,
 )
 from .controlplane import ControlPlane
+from .realcluster import LocalExtender, write_tls
 
 T = TypeVar("T")
 RELEASE = "sharegpu-chart"  # contains the chart's name: the objects are "sharegpu-chart-<part>"
@@ -101,10 +101,12 @@ def get_json(cp: ControlPlane, path: str) -> dict[str, Any]:
 
 
 def api_path(doc: Mapping[str, Any]) -> str:
-    """The REST path of a manifest object (every kind the chart renders has a regular plural)."""
+    """The REST path of a manifest object (the kinds the chart renders have regular plurals:
+    -s, or -ies after a consonant and y, as NetworkPolicy)."""
     group_version = doc["apiVersion"]
     base = f"/api/{group_version}" if "/" not in group_version else f"/apis/{group_version}"
-    plural = doc["kind"].lower() + "s"
+    kind = doc["kind"].lower()
+    plural = kind[:-1] + "ies" if kind.endswith("y") and kind[-2] not in "aeiou" else kind + "s"
     ns = doc["metadata"].get("namespace")
     if doc["kind"] in CLUSTER_SCOPED:
         return f"{base}/{plural}/{doc['metadata']['name']}"
@@ -350,23 +352,40 @@ def test_webhook_ca_bundle_verifies_the_chart_certificate(release: Release,
 
 
 def test_upgrade_keeps_the_webhook_certificate(release: Release) -> None:
-    """``helm upgrade`` looks the TLS Secret up in the real API server (``lookup``: empty under
+    """``helm upgrade`` looks the TLS Secrets up in the real API server (``lookup``: empty under
     ``helm template``) and keeps the CA, the certificate and the caBundle, so the webhook's pods
-    are not restarted and the API server keeps trusting them."""
+    are not restarted and the API server keeps trusting them; likewise the extender's
+    certificate and the caData of the scheduler's configuration (neither Deployment rolls)."""
     cp, ns = release.cp, release.namespace
     name = release.name("webhook")
     vwc_path = f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{name}"
     secret_path = f"/api/v1/namespaces/{ns}/secrets/{name}-tls"
     dep_path = f"/apis/apps/v1/namespaces/{ns}/deployments/{name}"
-    before = (get_json(cp, secret_path)["data"],
-              get_json(cp, vwc_path)["webhooks"][0]["clientConfig"]["caBundle"],
-              get_json(cp, dep_path)["spec"]["template"])
+    ext = release.name("extender")
+    ext_secret = f"/api/v1/namespaces/{ns}/secrets/{ext}-tls"
+    ext_dep = f"/apis/apps/v1/namespaces/{ns}/deployments/{ext}"
+    sched_cm = f"/api/v1/namespaces/{ns}/configmaps/{release.name('scheduler')}-config"
+    sched_dep = f"/apis/apps/v1/namespaces/{ns}/deployments/{release.name('scheduler')}"
+
+    def state() -> tuple[Any, ...]:
+        return (get_json(cp, secret_path)["data"],
+                get_json(cp, vwc_path)["webhooks"][0]["clientConfig"]["caBundle"],
+                get_json(cp, dep_path)["spec"]["template"],
+                # the extender's certificate and the CA kube-scheduler verifies it with
+                get_json(cp, ext_secret)["data"], get_json(cp, ext_dep)["spec"]["template"],
+                get_json(cp, sched_cm)["data"], get_json(cp, sched_dep)["spec"]["template"])
+
+    before = state()
+    ca_data = yaml.safe_load(before[5]["config.yaml"])["extenders"][0]["tlsConfig"]["caData"]
+    assert ca_data == before[3]["ca.crt"]
     helm(cp, "upgrade", RELEASE, str(CHART), "-n", ns)
     assert json.loads(helm(cp, "status", RELEASE, "-n", ns, "-o", "json"))["version"] == 2
-    after = (get_json(cp, secret_path)["data"],
-             get_json(cp, vwc_path)["webhooks"][0]["clientConfig"]["caBundle"],
-             get_json(cp, dep_path)["spec"]["template"])
-    assert after == before
+    assert state() == before
+    # the certificate made once per render (kept in .Values while rendering) is not stored as a
+    # value of the release
+    values = json.loads(helm(cp, "get", "values", RELEASE, "-n", ns, "--all", "-o", "json"))
+    assert "_extenderTLS" not in values
+    assert "LS0tLS1CRUdJTi" not in json.dumps(values)  # base64 of "-----BEGIN": no PEM at all
 
 
 def test_controllers_run_the_chart_workloads(release: Release) -> None:
@@ -452,31 +471,36 @@ def gpu_node(release: Release) -> Iterator[str]:
         admin.delete(Node, name)
 
 
-def _post(url: str, body: Mapping[str, Any]) -> dict[str, Any]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        return json.loads(resp.read())
-
-
-def start_extender(release: Release, identity: str) -> tuple[SharegpuProcess, int]:
-    """``sharegpu extender`` with the chart's args, as the chart's ServiceAccount; ready."""
+def start_extender(release: Release, identity: str) -> LocalExtender:
+    """``sharegpu extender`` with the chart's args, as the chart's ServiceAccount, serving the
+    chart's TLS Secret (as the API server stores it) over TLS; ready."""
     cp, ns = release.cp, release.namespace
     name = release.name("extender")
     kubeconfig = cp.service_account_kubeconfig(ns, name, create=False)
-    port = free_port()
+    port, metrics = free_port(), free_port()
     chart_args = container_args(cp, ns, "Deployment", name)
     assert f"--lease-namespace={ns}" in chart_args
     assert f"--lease-name={EXTENDER_LEASE}" in chart_args
+    assert "--insecure" not in chart_args
+    server_name = next(a.split("=", 1)[1] for a in chart_args
+                       if a.startswith("--tls-server-name="))
+    assert server_name == f"{name}.{ns}.svc"
+    secret = get_json(cp, f"/api/v1/namespaces/{ns}/secrets/{name}-tls")
+    tls = write_tls(cp.workdir / f"chart-tls-{identity}",
+                    {k: base64.b64decode(v) for k, v in secret["data"].items()})
     args = with_flags(chart_args, listen=f"127.0.0.1:{port}", id=identity,
-                      kubeconfig=str(kubeconfig))
+                      kubeconfig=str(kubeconfig), metrics_listen=f"127.0.0.1:{metrics}",
+                      tls_cert=str(tls / "tls.crt"), tls_key=str(tls / "tls.key"),
+                      tls_ca=str(tls / "ca.crt"))
     proc = SharegpuProcess(cp, f"chart-{identity}", args).start()
+    ext = LocalExtender(proc, f"https://127.0.0.1:{port}", f"http://127.0.0.1:{metrics}",
+                        (tls / "ca.crt").read_text(), server_name)
     try:
-        proc.wait_http(f"http://127.0.0.1:{port}/readyz", timeout=60)
+        proc.wait_http(f"{ext.metrics_url}/readyz", timeout=60)
     except BaseException:
         proc.stop()
         raise
-    return proc, port
+    return ext
 
 
 def lease_holder(cp: ControlPlane, namespace: str, name: str) -> dict | None:
@@ -488,7 +512,8 @@ def lease_holder(cp: ControlPlane, namespace: str, name: str) -> dict | None:
 def test_extender_runs_as_its_service_account(release: Release, gpu_node: str) -> None:
     cp, ns, admin = release.cp, release.namespace, release.admin
     identity = "e2e-extender-0"
-    proc, port = start_extender(release, identity)
+    ext = start_extender(release, identity)
+    proc = ext.proc
     try:
         def lease() -> dict | None:
             spec = lease_holder(cp, ns, EXTENDER_LEASE)
@@ -509,14 +534,13 @@ def test_extender_runs_as_its_service_account(release: Release, gpu_node: str) -
             "spec": {"schedulerName": "sharegpu-e2e-nobody", "containers": [{
                 "name": "main", "image": "registry.invalid/sharegpu/pause:never-pulled",
                 "resources": {"limits": {"aliyun.com/gpu-mem": "4"}}}]}}), namespace=ns)
-        bind = f"http://127.0.0.1:{port}/bind"
         args = {"PodName": gpu_pod.metadata.name, "PodNamespace": ns,
                 "PodUID": gpu_pod.metadata.uid}
-        refused = _post(bind, {**args, "Node": "e2e-no-such-node"})
+        refused = ext.post("/bind", {**args, "Node": "e2e-no-such-node"})  # over TLS, verified
         assert refused["Error"], refused
 
         def bound() -> bool:
-            return _post(bind, {**args, "Node": gpu_node}).get("Error") == ""
+            return ext.post("/bind", {**args, "Node": gpu_node}).get("Error") == ""
 
         wait_for("a bind to the GPU node", bound, timeout=30, every=0.5)
         got = admin.get(Pod, gpu_pod.metadata.name, namespace=ns)
@@ -544,10 +568,13 @@ def test_kube_scheduler_runs_as_its_service_account(release: Release, gpu_node: 
     ServiceAccount), places a GPU pod; no request of either is forbidden."""
     cp, ns, admin = release.cp, release.namespace, release.admin
     kubeconfig = cp.service_account_kubeconfig(ns, release.name("scheduler"), create=False)
-    extender, port = start_extender(release, "e2e-extender-1")
+    ext = start_extender(release, "e2e-extender-1")
+    extender = ext.proc
     (cm,) = [d for d in release.docs("ConfigMap") if d["metadata"]["name"].endswith(
         "scheduler-config")]
-    config = scheduler_config([cm], f"http://127.0.0.1:{port}")
+    # only urlPrefix's host and port change: https, caData and serverName are the chart's
+    config = scheduler_config([cm], ext.url)
+    assert config["extenders"][0]["tlsConfig"]["serverName"] == ext.server_name
     assert config["leaderElection"] == {"leaderElect": True, "resourceNamespace": ns,
                                         "resourceName": "ack-co-scheduler"}
     config["clientConnection"] = {"kubeconfig": str(kubeconfig)}

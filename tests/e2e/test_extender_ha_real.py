@@ -1,6 +1,9 @@
 """Two ``sharegpu extender`` replicas behind one URL, leader election on a real Lease, and the
-real kube-scheduler (the chart's configuration, only urlPrefix changed) scheduling a stream of
-GPU pods while the leader is SIGKILLed.
+real kube-scheduler (the chart's configuration, only urlPrefix's host and port changed: https
+with the chart's CA and the Service's name) scheduling a stream of GPU pods while the leader is
+SIGKILLed. Everything is TLS as in the chart: kube-scheduler verifies the replica it reaches, and
+a follower forwards binds to the leader's URL on the Lease (https://127.0.0.1:PORT, its "pod
+IP") verifying the leader's certificate with the chart's CA under the Service's name.
 
 kube-scheduler talks to one extender URL; in the cluster that is the extender's Service, which
 sends connections to every Ready replica (followers are Ready and pass binds on to the leader,
@@ -28,10 +31,11 @@ from lightkube.resources.core_v1 import Event, Pod
 
 from sharegpu import names
 
-from .components import ROOT, SharegpuProcess, free_port
+from .components import ROOT, free_port
 from .controlplane import ControlPlane
 from .realcluster import (
     ChartRbac,
+    LocalExtender,
     PodWatch,
     Report,
     ServiceProxy,
@@ -105,7 +109,7 @@ def test_leader_killed_while_scheduling(controlplane: ControlPlane, admin: Clien
     rbac = ChartRbac(admin, docs, RELEASE)
     node_names = [f"ha-{mode.replace('_', '')}-{i}-{run}" for i, (mode, _, _) in
                   enumerate(NODES)]
-    replicas: dict[str, tuple[SharegpuProcess, str]] = {}
+    replicas: dict[str, LocalExtender] = {}
     proxy: ServiceProxy | None = None
     watch: PodWatch | None = None
     creator: threading.Thread | None = None
@@ -125,9 +129,13 @@ def test_leader_killed_while_scheduling(controlplane: ControlPlane, admin: Clien
         # the proxy's first connection goes to the follower: kube-scheduler keeps its
         # connections open, so the follower answers and passes its binds on to the leader
         holder = _lease(admin, ns)["spec"]["holderIdentity"]
-        urls = sorted((u for _, u in replicas.values()),
-                      key=lambda u: u == replicas[holder][1])
-        proxy = ServiceProxy(urls).start()
+        lease_url = _lease(admin, ns)["metadata"]["annotations"]["sharegpu.io/leader-url"]
+        assert lease_url == replicas[holder].url and lease_url.startswith("https://"), lease_url
+        urls = sorted((r.url for r in replicas.values()),
+                      key=lambda u: u == replicas[holder].url)
+        proxy = ServiceProxy(urls, probes={r.url: r.metrics_url for r in replicas.values()})
+        proxy.start()
+        assert proxy.url.startswith("https://")
         wait_for("both replicas Ready behind the proxy", lambda: len(proxy.ready) == 2, 30)
         cfg = scheduler_config_for(controlplane, docs, RELEASE, ns, proxy.url)
         controlplane.restart_scheduler(config=cfg, extra_args=["--leader-elect=true", "--v=2"])
@@ -156,11 +164,19 @@ def test_leader_killed_while_scheduling(controlplane: ControlPlane, admin: Clien
         lease = _lease(admin, ns)
         leader = lease["spec"]["holderIdentity"]
         follower = next(i for i in replicas if i != leader)
-        follower_url = replicas[follower][1]
+        follower_url = replicas[follower].metrics_url
         forwarded_before = metric(follower_url, "sharegpu_extender_decisions_total",
                                   {"verb": "bind", "result": "forwarded"})
+        # the follower got kube-scheduler's connection and passed binds on over TLS, verified:
+        # every bind so far was the leader's, and the follower's log has no TLS failure
+        assert forwarded_before >= 1, forwarded_before
+        leader_ok = metric(replicas[leader].metrics_url, "sharegpu_extender_decisions_total",
+                           {"verb": "bind", "result": "ok"})
+        assert leader_ok >= KILL_AFTER_BOUND, leader_ok
+        assert "CERTIFICATE_VERIFY_FAILED" not in replicas[follower].proc.log.read_text(
+            errors="replace")
         t_kill = time.time()
-        replicas[leader][0].kill()
+        replicas[leader].proc.kill()
         time.sleep(1.0)  # a renewal in flight at the kill has landed by now
         lease = _lease(admin, ns)
         assert lease["spec"]["holderIdentity"] == leader, lease
@@ -194,7 +210,7 @@ def test_leader_killed_while_scheduling(controlplane: ControlPlane, admin: Clien
         gap_expiry = first_bind - t_expiry
         outage = first_bind - t_kill
         took = _stamp(after["spec"]["acquireTime"]) - t_expiry
-        survivor, survivor_url = replicas[follower]
+        survivor, survivor_url = replicas[follower].proc, replicas[follower].metrics_url
 
         # --- no double bind, no over-commit, each pod on one node with one decision
         assert all(len(v) == 1 for v in watch.nodes.values())
@@ -254,8 +270,8 @@ def test_leader_killed_while_scheduling(controlplane: ControlPlane, admin: Clien
         controlplane.restart_scheduler()
         if proxy is not None:
             proxy.stop()
-        for proc, _ in replicas.values():
-            proc.stop()
+        for r in replicas.values():
+            r.proc.stop()
         cleanup(admin, ns, node_names)
         rbac.delete()
     controlplane.check_alive()

@@ -7,8 +7,11 @@
    remembered mode when the label goes, and an Allocate for a pod bound to the node (the agent
    finds it through the API and marks it assigned).
 2. ``test_real_kube_scheduler_places_gpu_pods``: the real kube-scheduler, run with the
-   KubeSchedulerConfiguration the chart renders (only urlPrefix changed) and the chart's
-   scheduler ServiceAccount, calls ``sharegpu extender`` (the chart's arguments, its
+   KubeSchedulerConfiguration the chart renders (only urlPrefix's host and port changed: https,
+   the chart's CA as caData and the Service's name as serverName stay, so kube-scheduler
+   verifies the extender's certificate) and the chart's
+   scheduler ServiceAccount, calls ``sharegpu extender`` over TLS (the chart's arguments and
+   certificate, its
    ServiceAccount, leader election on the chart's Lease) for ~100 pods of every kind on 15 nodes
    of every mode. Everything is checked from the API objects: annotations and bindings (SPEC §3),
    no over-commit, ``kubectl inspect cgpu``'s model agreeing with the pods, the GPU choice inside
@@ -52,12 +55,12 @@ from .kubelet_play import KubeletPlay
 from .realcluster import (
     RUN_LABEL,
     ChartRbac,
+    LocalExtender,
     PodWatch,
     Report,
     cleanup,
     gpu_node,
     gpu_pod,
-    http_post,
     make_namespace,
     metric,
     node_dicts,
@@ -391,13 +394,18 @@ def test_real_kube_scheduler_places_gpu_pods(controlplane: ControlPlane, admin: 
     ext_kubeconfig, ext = sa_client(controlplane, ns, chart["sa"]["extender"])
     wait_allowed("the extender to list pods", lambda: list(ext.list(Pod, namespace="*")))
     watch: PodWatch | None = None
+    local: LocalExtender | None = None
     extender: SharegpuProcess | None = None
     try:
         for (name, mode, gpus, placement), full in zip(NODES, node_names, strict=True):
             gpu_node(admin, full, mode, gpus, run, placement=placement,
                      links=NV_PAIRS if name == "topo-b" else None)
-        extender, url = start_extender(controlplane, docs, "sharegpu-extender-0", ext_kubeconfig)
+        local = start_extender(controlplane, docs, "sharegpu-extender-0", ext_kubeconfig)
+        extender, url = local.proc, local.url
         cfg = scheduler_config_for(controlplane, docs, RELEASE, ns, url)
+        assert url.startswith("https://127.0.0.1:")
+        assert cfg["extenders"][0]["enableHTTPS"] is True
+        assert set(cfg["extenders"][0]["tlsConfig"]) == {"caData", "serverName"}
         controlplane.restart_scheduler(config=cfg, extra_args=["--leader-elect=true", "--v=2"])
         watch = PodWatch(controlplane.admin_kubeconfig, ns).start()
         pods = _pods(run)
@@ -530,7 +538,7 @@ def test_real_kube_scheduler_places_gpu_pods(controlplane: ControlPlane, admin: 
             if not fit:
                 kube_path.append(name)
                 continue
-            ans = http_post(url + "/filter", {"Pod": p, "NodeNames": fit})
+            ans = local.post("/filter", {"Pod": p, "NodeNames": fit})
             assert not ans.get("NodeNames"), f"{name} fits {ans['NodeNames']} but is Pending"
             reasons = {**(ans.get("FailedNodes") or {}),
                        **(ans.get("FailedAndUnresolvableNodes") or {})}
@@ -584,12 +592,12 @@ def test_real_kube_scheduler_places_gpu_pods(controlplane: ControlPlane, admin: 
         errors = [ln for ln in extender.log.read_text(errors="replace").splitlines()
                   if " ERROR " in ln or "Traceback" in ln or "Forbidden" in ln]
         assert errors == [], errors
-        ok_binds = metric(url, "sharegpu_extender_decisions_total",
+        ok_binds = metric(local.metrics_url, "sharegpu_extender_decisions_total",
                           {"verb": "bind", "result": "ok"})
         assert ok_binds == len(bound)
         # its consistency check ran when it took the Lease, while kube-scheduler's first pods
         # were being bound: no difference (see test_extender_ha_real.py)
-        assert metric(url, "sharegpu_extender_state_drift_total") == 0
+        assert metric(local.metrics_url, "sharegpu_extender_state_drift_total") == 0
 
         # --- a deleted pod's GPUs are free again: kube-scheduler retries the pending
         # whole-card pods and the extender, whose view followed the deletion, places them

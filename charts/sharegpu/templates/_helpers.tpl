@@ -48,8 +48,55 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{ include "sharegpu.fullname" . }}-extender
 {{- end -}}
 
+{{/* the DNS name the extender's certificate carries and its clients check */}}
+{{- define "sharegpu.extenderServerName" -}}
+{{ include "sharegpu.extenderService" . }}.{{ .Release.Namespace }}.svc
+{{- end -}}
+
 {{- define "sharegpu.extenderURL" -}}
-http://{{ include "sharegpu.extenderService" . }}.{{ .Release.Namespace }}.svc:{{ .Values.extender.port }}
+{{ ternary "https" "http" .Values.extender.tls.enabled }}://{{ include "sharegpu.extenderServerName" . }}:{{ .Values.extender.port }}
+{{- end -}}
+
+{{/* the name of the extender's verb port (Service, container, NetworkPolicy) */}}
+{{- define "sharegpu.extenderPortName" -}}
+{{ ternary "https" "http" .Values.extender.tls.enabled }}
+{{- end -}}
+
+{{- define "sharegpu.extenderTLSSecret" -}}
+{{ .Values.extender.tls.existingSecret | default (printf "%s-tls" (include "sharegpu.extenderService" .)) }}
+{{- end -}}
+
+{{/*
+The extender's CA, certificate and key (base64 PEM) as JSON {"ca", "crt", "key"}: kept from the
+chart's Secret in the cluster (lookup; empty under helm template) or made here: a CA and a
+certificate for the Service's DNS names. Made once per render (kept in .Values._extenderTLS), so
+the Secret, the Deployment's checksum and the scheduler's caData agree. {} with existingSecret.
+*/}}
+{{- define "sharegpu.extenderTLS" -}}
+{{- if .Values.extender.tls.existingSecret -}}
+{}
+{{- else -}}
+{{- if not (hasKey .Values "_extenderTLS") -}}
+{{- $name := include "sharegpu.extenderService" . -}}
+{{- $old := lookup "v1" "Secret" .Release.Namespace (include "sharegpu.extenderTLSSecret" .) -}}
+{{- $out := dict -}}
+{{- if and $old $old.data (index $old.data "ca.crt") -}}
+{{- $out = dict "ca" (index $old.data "ca.crt") "crt" (index $old.data "tls.crt") "key" (index $old.data "tls.key") -}}
+{{- else -}}
+{{- $svc := include "sharegpu.extenderServerName" . -}}
+{{- $ca := genCA (printf "%s-ca" $name) 3650 -}}
+{{- $cert := genSignedCert $svc nil (list $svc (printf "%s.cluster.local" $svc) (printf "%s.%s" $name .Release.Namespace) $name) 3650 $ca -}}
+{{- $out = dict "ca" ($ca.Cert | b64enc) "crt" ($cert.Cert | b64enc) "key" ($cert.Key | b64enc) -}}
+{{- end -}}
+{{- $_ := set .Values "_extenderTLS" $out -}}
+{{- end -}}
+{{- toJson (index .Values "_extenderTLS") -}}
+{{- end -}}
+{{- end -}}
+
+{{/* where the chart's kube-scheduler finds the extender's CA when it is not in caData */}}
+{{- define "sharegpu.extenderCADir" -}}
+/etc/sharegpu-extender-ca
 {{- end -}}
 
 {{/* the extenders[] entry of a KubeSchedulerConfiguration */}}
@@ -59,7 +106,20 @@ http://{{ include "sharegpu.extenderService" . }}.{{ .Release.Namespace }}.svc:{
   prioritizeVerb: prioritize
   bindVerb: bind
   weight: {{ .Values.scheduler.extenderWeight }}
+  {{- if .Values.extender.tls.enabled }}
+  # TLS verified with the extender's CA under the Service's name (also when urlPrefix names an
+  # IP address)
+  enableHTTPS: true
+  tlsConfig:
+    serverName: {{ include "sharegpu.extenderServerName" . }}
+    {{- if .Values.extender.tls.existingSecret }}
+    caFile: {{ include "sharegpu.extenderCADir" . }}/ca.crt
+    {{- else }}
+    caData: {{ (include "sharegpu.extenderTLS" . | fromJson).ca }}
+    {{- end }}
+  {{- else }}
   enableHTTPS: false
+  {{- end }}
   nodeCacheCapable: true
   ignorable: {{ .Values.scheduler.ignorable }}
   httpTimeout: {{ .Values.scheduler.httpTimeout }}

@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import ssl
+from dataclasses import dataclass
 
 import httpx2 as httpx
 
@@ -40,16 +41,107 @@ def ssl_context(
         ctx.load_cert_chain(cert, key)
     except (OSError, ssl.SSLError) as e:
         raise ValidationError(
-            "--tls-cert", cert, f"cannot load the certificate and key: {e}"
+            "--tls-cert", cert, f"cannot load the certificate and key (--tls-key={key!r}): {e}; "
+            "give a readable PEM certificate and its key"
         ) from None
     return ctx
+
+
+def client_context(ca: str | None, flag: str = "--tls-ca") -> ssl.SSLContext:
+    """A client context that trusts only ``ca`` (PEM) and checks the server's name."""
+    try:
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
+    except (OSError, ssl.SSLError) as e:
+        raise ValidationError(flag, ca, f"cannot load the CA certificate: {e}; give the CA "
+                              "that signed --tls-cert (the chart mounts it as ca.crt)") from None
+    return ctx
+
+
+def handshake_in_memory(server: ssl.SSLContext, client: ssl.SSLContext, name: str) -> None:
+    """A TLS handshake in memory: ``client`` verifying ``server``'s certificate under ``name``
+    (raises ssl.SSLError when it does not verify)."""
+    c_in, c_out, s_in, s_out = (ssl.MemoryBIO() for _ in range(4))
+    c = client.wrap_bio(c_in, c_out, server_hostname=name)
+    s = server.wrap_bio(s_in, s_out, server_side=True)
+    done = {"c": False, "s": False}
+    for _ in range(20):
+        for key, end in (("c", c), ("s", s)):
+            if not done[key]:
+                try:
+                    end.do_handshake()
+                    done[key] = True
+                except ssl.SSLWantReadError:
+                    pass
+        s_in.write(c_out.read())
+        c_in.write(s_out.read())
+        if done["c"] and done["s"]:
+            return
+    raise ssl.SSLError("the handshake did not complete")
+
+
+@dataclass(frozen=True)
+class Tls:
+    server: ssl.SSLContext | None  # None: plain HTTP (--insecure)
+    peer: ssl.SSLContext | None  # verifies the leader when a follower forwards a bind
+    server_name: str  # the name the replicas' certificate carries (checked when forwarding)
+
+
+def tls_settings(args: argparse.Namespace) -> Tls:
+    """TLS unless ``--insecure``: the certificate and key must load, and with leader election
+    the CA and the server name must verify this replica's own certificate (as a follower will
+    verify the leader's), so a wrong Secret is refused at start, not at the first bind."""
+    if args.insecure:
+        if args.tls_cert or args.tls_key:
+            raise ValidationError("--insecure", True, "contradicts --tls-cert/--tls-key: "
+                                  "drop --insecure to serve TLS")
+        return Tls(None, None, "")
+    if not args.tls_cert:
+        raise ValidationError("--tls-cert", None, "is required: serve TLS with --tls-cert and "
+                              "--tls-key (the chart mounts its certificate), or pass --insecure "
+                              "for plain HTTP (development only)")
+    server = ssl_context(args.tls_cert, args.tls_key)
+    assert server is not None
+    if args.no_leader_election:
+        return Tls(server, None, "")
+    if not args.tls_ca:
+        raise ValidationError("--tls-ca", None, "is required with --tls-cert while leader "
+                              "election runs: followers verify the leader's certificate with it "
+                              "when they forward binds (the chart mounts ca.crt)")
+    if not args.tls_server_name:
+        raise ValidationError("--tls-server-name", None, "is required with --tls-cert while "
+                              "leader election runs: the DNS name in the certificate that "
+                              "followers check the leader against (the chart passes the "
+                              "Service's name)")
+    peer = client_context(args.tls_ca)
+    try:
+        handshake_in_memory(server, peer, args.tls_server_name)
+    except ssl.SSLError as e:
+        reason = getattr(e, "verify_message", "") or e.reason or str(e)
+        raise ValidationError("--tls-server-name", args.tls_server_name,
+                              f"the certificate in --tls-cert does not verify with --tls-ca "
+                              f"under this name ({reason}): give the CA that signed it and a "
+                              "DNS name it carries") from None
+    return Tls(server, peer, args.tls_server_name)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listen", default="0.0.0.0:8888", help="HOST:PORT (default 0.0.0.0:8888)")
     p.add_argument("--policy", default="default", help="placement policy (sharegpu policies)")
-    p.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
+    p.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM); required "
+                   "unless --insecure")
     p.add_argument("--tls-key", help="the certificate's private key (PEM)")
+    p.add_argument("--tls-ca", help="the CA (PEM) that signed the replicas' certificate: a "
+                   "follower verifies the leader with it when it forwards a bind (required with "
+                   "--tls-cert and leader election)")
+    p.add_argument("--tls-server-name", help="a DNS name the replicas' certificate carries "
+                   "(the Service's): a follower connects to the leader's IP and checks its "
+                   "certificate under this name (required with --tls-cert and leader election)")
+    p.add_argument("--insecure", action="store_true",
+                   help="plain HTTP: the verbs, /bind included, answer anyone who reaches the "
+                        "port (development and tests only)")
+    p.add_argument("--metrics-listen", default="",
+                   help="HOST:PORT of a plain-HTTP port serving only GET /healthz, /readyz and "
+                        "/metrics (kubelet probes, Prometheus); no verb is served there")
     p.add_argument("--kubeconfig", help="default: in-cluster, else $KUBECONFIG")
     p.add_argument("--api-url", help="plain-HTTP API server URL instead of a kubeconfig "
                    "(kubectl proxy, tests)")
@@ -97,7 +189,8 @@ def advertise_url(given: str, port: int, tls: bool) -> str:
     return f"{'https' if tls else 'http'}://{host}:{port}"
 
 
-async def _start_retrying(replica, host: str, port: int, ctx, stop: asyncio.Event) -> bool:  # type: ignore[no-untyped-def]
+async def _start_retrying(replica, host: str, port: int, ctx, stop: asyncio.Event,  # type: ignore[no-untyped-def]
+                          probe: tuple[str, int] | None = None) -> bool:
     """Start the replica; while the API server cannot be reached or refuses (not yet up, RBAC
     not yet applied), log one line and try again with back-off (0.5 s doubling to 30 s).
     ``False`` when stopped before it could start."""
@@ -108,7 +201,7 @@ async def _start_retrying(replica, host: str, port: int, ctx, stop: asyncio.Even
     while not stop.is_set():
         attempt += 1
         try:
-            await replica.start(host, port, ssl_context=ctx)
+            await replica.start(host, port, ssl_context=ctx, probe=probe)
             return True
         except (ApiError, OSError, httpx.HTTPError) as e:
             log.warning("cannot list the cluster yet (attempt %d: %s: %s); retrying in %.1fs",
@@ -126,23 +219,29 @@ async def _serve(args: argparse.Namespace) -> int:
 
     get_policy(args.policy)  # a bad name fails here with the list of policies
     host, port = listen_address(args.listen)
-    ctx = ssl_context(args.tls_cert, args.tls_key)
+    probe = listen_address(args.metrics_listen, "--metrics-listen") if args.metrics_listen \
+        else None
+    tls = tls_settings(args)
+    ctx = tls.server
     api = KubeApi.from_url(args.api_url) if args.api_url else KubeApi.from_config(args.kubeconfig)
     replica = Replica(api, identity=args.id, policy=args.policy,
                       lease_namespace=args.lease_namespace, lease_name=args.lease_name,
                       elect=not args.no_leader_election, check_every=args.check_every,
                       graded_scores=args.graded_scores,
                       advertise_url=advertise_url(args.advertise_url, port, ctx is not None),
-                      http_limits={"max_body": max_body_bytes(args.max_body_mib)})
+                      http_limits={"max_body": max_body_bytes(args.max_body_mib)},
+                      forward_tls=tls.peer, forward_server_name=tls.server_name)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    if not await _start_retrying(replica, host, port, ctx, stop):
+    if not await _start_retrying(replica, host, port, ctx, stop, probe):
         await api.close()
         return 0
-    logging.getLogger(__name__).info("sharegpu extender %s listening on %s:%d", args.id, host,
-                                     replica.port)
+    logging.getLogger(__name__).info(
+        "sharegpu extender %s listening on %s:%d (%s)%s", args.id, host, replica.port,
+        "TLS" if ctx is not None else "plain HTTP: --insecure",
+        f"; health and metrics on {probe[0]}:{replica.probe_port}" if probe else "")
     await stop.wait()
     await replica.stop()
     await api.close()

@@ -4,6 +4,11 @@ election, the binder and the HTTP service, started and stopped together.
 Every replica keeps a warm view and answers filter/prioritize; only the leader binds and reports
 ready (so a Service sends kube-scheduler to it). On becoming leader a replica relists before it
 binds, so it never decides on a view older than the previous leader's last binding.
+
+With TLS, a follower forwards binds to the leader's pod IP (the URL on the Lease) and verifies the
+leader's certificate with ``forward_tls`` (the CA) under ``forward_server_name``, the Service DNS
+name the replicas' certificate carries: the connection goes to the IP, the handshake names (SNI)
+and checks the Service's name. Nothing is forwarded unverified.
 """
 
 from __future__ import annotations
@@ -44,7 +49,8 @@ class Replica:
                  elect: bool = True, lease_duration: float = 10.0, renew_deadline: float = 7.0,
                  retry_period: float = 2.0, check_every: float = 300.0,
                  graded_scores: bool = False, advertise_url: str = "",
-                 forward_timeout: float = 8.0, http_limits: dict[str, Any] | None = None
+                 forward_timeout: float = 8.0, http_limits: dict[str, Any] | None = None,
+                 forward_tls: ssl.SSLContext | None = None, forward_server_name: str = ""
                  ) -> None:
         self.api = api
         self.identity = identity
@@ -60,6 +66,8 @@ class Replica:
         self.advertise_url = advertise_url
         self.http_limits = dict(http_limits or {})
         self.forward_timeout = forward_timeout
+        self.forward_tls = forward_tls  # verifies the leader (https URLs); None: system CAs
+        self.forward_server_name = forward_server_name  # the name checked in its certificate
         self._http: httpx.AsyncClient | None = None
         self.forwarded = 0  # binds passed on to the leader
         self._leader_synced = not elect
@@ -70,7 +78,9 @@ class Replica:
                                    is_ready=self.is_ready, forward_bind=self.forward_bind)
         self._tasks: list[asyncio.Task[None]] = []
         self._server: HttpServer | None = None
+        self._probe_server: HttpServer | None = None
         self.port = 0
+        self.probe_port = 0  # the plain-HTTP health/metrics port, when one is served
 
     def _unseen(self, pod: Mapping[str, Any]) -> None:
         node = (pod.get("spec") or {}).get("nodeName")
@@ -133,11 +143,17 @@ class Replica:
         if not holder or holder == self.identity or not url:
             return _bind_error("no sharegpu extender leader to bind (election in progress)")
         if self._http is None:
-            self._http = httpx.AsyncClient(timeout=self.forward_timeout)
+            self._http = httpx.AsyncClient(timeout=self.forward_timeout,
+                                           verify=self.forward_tls or True)
+        extensions = {}
+        if self.forward_server_name and url.startswith("https://"):
+            # connect to the leader's IP, verify its certificate under the Service's name
+            extensions["sni_hostname"] = self.forward_server_name
         try:
             r = await self._http.post(url.rstrip("/") + "/bind", content=body,
                                       headers={"Content-Type": "application/json",
-                                               FORWARDED_HEADER: self.identity})
+                                               FORWARDED_HEADER: self.identity},
+                                      extensions=extensions)
         except httpx.HTTPError as e:
             return _bind_error(f"the sharegpu extender leader {holder} at {url} did not answer "
                                f"({type(e).__name__})")
@@ -149,7 +165,14 @@ class Replica:
 
     # -- life cycle ---------------
     async def start(self, host: str = "127.0.0.1", port: int = 0,
-                    ssl_context: ssl.SSLContext | None = None) -> None:
+                    ssl_context: ssl.SSLContext | None = None,
+                    probe: tuple[str, int] | None = None) -> None:
+        """Serve everything on ``host:port`` (TLS with ``ssl_context``) and, with ``probe``, the
+        health and metrics GETs (no verb) on that plain-HTTP address too."""
+        if probe is not None and self._probe_server is None:
+            # up first, so kubelet's liveness probe passes while the first list runs
+            self._probe_server = self.service.probe_server()
+            self.probe_port = await self._probe_server.start(*probe)
         await self.informer.start()
         self._server = self.service.server(**self.http_limits)
         self.port = await self._server.start(host, port, ssl_context)
@@ -166,9 +189,10 @@ class Replica:
         if graceful and self.elector is not None:
             await self.elector.release()
         await self.informer.stop()
-        if self._server is not None:
-            await self._server.close()
-            self._server = None
+        for server in (self._server, self._probe_server):
+            if server is not None:
+                await server.close()
+        self._server = self._probe_server = None
         await self.events.drain()
         if self._http is not None:
             await self._http.aclose()

@@ -1,5 +1,9 @@
 """The extender's HTTP service: POST /filter, /prioritize, /bind; GET /healthz, /readyz, /metrics.
 
+:meth:`ExtenderApp.server` serves all of them (over TLS in a cluster);
+:meth:`ExtenderApp.probe_server` serves only the three GETs, for kubelet probes and Prometheus on
+a plain-HTTP port that never answers a verb.
+
 Handlers are thin: decode with :mod:`.wire`, ask the :class:`ClusterView` (synchronous, so each
 answer sees one consistent state), encode. Bad payloads get HTTP 400 with an ``Error`` naming the
 field; nothing here raises a traceback at kube-scheduler. Filter and prioritize are plain
@@ -64,9 +68,16 @@ class ExtenderApp:
             ("GET", "/metrics"): self.metrics_handler,
         }
 
+    def probe_routes(self) -> dict[tuple[str, str], Handler]:
+        """Health and metrics only: no verb (/filter, /prioritize, /bind get 404 there)."""
+        return {k: v for k, v in self.routes().items() if k[0] == "GET"}
+
     def server(self, **limits: Any) -> HttpServer:
         """``limits``: HttpServer's (max_body, idle_timeout, request_timeout, ...)."""
         return HttpServer(self.routes(), **limits)
+
+    def probe_server(self) -> HttpServer:
+        return HttpServer(self.probe_routes(), max_body=64 * 1024)
 
     def _timed(self, verb: str, fn: Callable[[Request], Response]
                ) -> Callable[[Request], Response]:
