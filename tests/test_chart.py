@@ -833,6 +833,11 @@ def run_install(script: str, image_lib: Path, dest: Path, version: str = "v2.10.
                                "HAMI_LIB_DIR": str(image_lib), "DEST": str(dest)})
 
 
+# the two CUDA hooks the agent's check wants HAMi-core to export
+HOOKS_C = ("int cuMemAlloc_v2(void *p, unsigned long n) { return 3; }\n"
+           "int cuMemGetInfo_v2(void *f, void *t) { return 3; }\n")
+
+
 def test_hami_install_script_versions_and_never_rewrites(tmp_path):
     """The init container's script, as rendered, run against the layout of HAMi's image."""
     from sharegpu.agent.readiness import check_hami
@@ -848,7 +853,7 @@ def test_hami_install_script_versions_and_never_rewrites(tmp_path):
     # the release's file: copied into a versioned directory, recorded in `installed`
     cc = shutil.which("gcc") or shutil.which("cc")
     assert cc
-    (tmp_path / "v.c").write_text("int sharegpu_release(void) { return 210; }\n")
+    (tmp_path / "v.c").write_text("int sharegpu_release(void) { return 210; }\n" + HOOKS_C)
     subprocess.run([cc, "-shared", "-fPIC", "-o", str(image / "libvgpu.so.v2.10.0"),
                     str(tmp_path / "v.c")], check=True)
     r = run_install(script, image, dest)
@@ -862,7 +867,7 @@ def test_hami_install_script_versions_and_never_rewrites(tmp_path):
     assert r.returncode == 0 and "already installed" in r.stdout
     assert first.stat().st_ino == inode
     # another build under the same tag (a new digest): a new directory, the old file untouched
-    (tmp_path / "v.c").write_text("int sharegpu_release(void) { return 211; }\n")
+    (tmp_path / "v.c").write_text("int sharegpu_release(void) { return 211; }\n" + HOOKS_C)
     subprocess.run([cc, "-shared", "-fPIC", "-o", str(image / "libvgpu.so.v2.10.0"),
                     str(tmp_path / "v.c")], check=True)
     assert run_install(script, image, dest).returncode == 0
