@@ -7,6 +7,11 @@ What a pod holds comes from its annotations once it is bound (:func:`sharegpu.po
 the binder's own reservations are *in flight* until the binding is created, and events for an
 in-flight pod do not touch its reservation. ``nodeName`` never changes once set, so an event that
 shows a pod unbound after the view saw it bound is stale and ignored.
+
+Host CPU and memory (:mod:`sharegpu.hostresources`): a GPU pod's request carries its CPU and
+memory, so the state charges them with its GPUs; every other bound, live pod (no GPU, or a GPU
+pod the state does not hold) is in the *host ledger* (``host``), charged per node with
+:meth:`ClusterState.charge_host`. A pod is in exactly one of the two.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import names
+from .. import hostresources, names
 from ..annotations import Allocation, decode
 from ..errors import PlacementError, ValidationError
 from ..modes import Mode
@@ -30,7 +35,7 @@ from ..placement.fragmentation import Shape, TargetWorkload
 from ..placement.moves import has_fast_path
 from ..placement.nodecache import ShapeCache
 from ..placement.rowmemo import unique_keys
-from ..pods import is_terminated, node_of, unannotated_gpu_pod
+from ..pods import is_terminated, node_of
 from ..request import Kind, PodRequest, parse_pod
 from ..scheduler import Scheduler
 from ..state import _KIND_MODES, _MODE_CODES, ClusterState, NodeSpec, Reservation
@@ -44,7 +49,8 @@ ROW_LOCAL_POLICIES = frozenset({"fgd", "strand"})
 
 
 def shape_of(req: PodRequest, alloc: Allocation) -> Shape | None:
-    """The FGD shape of a placed pod: GPU per GPU of its first container and how many GPUs."""
+    """The FGD shape of a placed pod: its CPU, GPU per GPU of its first container and how many
+    GPUs (as the simulator's trace shapes)."""
     if not req.containers:
         return None
     c = req.containers[0]
@@ -52,7 +58,7 @@ def shape_of(req: PodRequest, alloc: Allocation) -> Shape | None:
     if not per:
         return None
     models = "|".join(sorted(req.models)) if req.models else ""
-    return (0, int(max(per.values())), len(per), models)
+    return (req.cpu_milli, int(max(per.values())), len(per), models)
 
 
 def default_workload(state: ClusterState) -> TargetWorkload:
@@ -67,7 +73,7 @@ def default_workload(state: ClusterState) -> TargetWorkload:
 
 def request_key(req: PodRequest) -> tuple[Any, ...]:
     return (
-        req.kind,
+        req.kind, req.cpu_milli, req.mem_mib,
         tuple((c.gpu_mem, c.gpu_core, c.gpus, c.whole) for c in req.containers),
         tuple(sorted(req.models)) if req.models is not None else None,
     )
@@ -76,7 +82,11 @@ def request_key(req: PodRequest) -> tuple[Any, ...]:
 class PlacementReader:
     """:func:`sharegpu.pods.placement_of` with its two pure steps memoised: pods made from one
     template share a parsed request, and equal annotation values share a decoded allocation
-    (a rebuild reads 100,000 pods). The core functions stay the only place of the rules."""
+    (a rebuild reads 100,000 pods). The core functions stay the only place of the rules.
+
+    Requests carry the pod's host CPU and memory (:func:`sharegpu.hostresources.pod_request`);
+    a malformed CPU or memory quantity (an API server never stores one) counts as none, and
+    ``on_problem`` is told."""
 
     _ANNS = (names.ANN_ALLOCATION, names.ANN_CORE, names.ANN_MEM_IDX, names.ANN_MEM_POD)
 
@@ -84,6 +94,30 @@ class PlacementReader:
         self.size = size
         self._req: dict[tuple[Any, ...], PodRequest] = {}
         self._alloc: dict[tuple[Any, ...], Allocation | None] = {}
+        self._host: dict[tuple[Any, ...], tuple[int, int]] = {}
+        self.on_problem: Callable[[str, str], None] | None = None
+
+    def host(self, obj: Mapping[str, Any]) -> tuple[int, int]:
+        """(CPU millicores, memory MiB) the pod uses where it is bound."""
+        try:
+            key: tuple[Any, ...] | None = hostresources.pod_request_key(obj)
+        except (AttributeError, KeyError, TypeError, ValueError):
+            key = None
+        if key is not None:
+            hit = self._host.get(key)
+            if hit is not None:
+                return hit
+        try:
+            got = hostresources.pod_request(obj)
+        except ValidationError as e:
+            if self.on_problem is not None:
+                self.on_problem(_key(obj), f"CPU/memory request not counted: {e}")
+            got = (0, 0)
+        if key is not None:
+            if len(self._host) >= self.size:
+                self._host.clear()
+            self._host[key] = got
+        return got
 
     def request(self, obj: Mapping[str, Any]) -> PodRequest:
         spec = obj.get("spec") or {}
@@ -94,7 +128,7 @@ class PlacementReader:
         labels = meta.get("labels") or {}
         if (spec.get("initContainers") or not isinstance(containers, list)
                 or not isinstance(labels, Mapping)):
-            return parse_pod(obj)
+            return self._with_host(parse_pod(obj), obj)
         parts: list[Any] = [labels.get(names.POD_LABEL_GPU_COUNT)]
         try:
             for c in containers:
@@ -107,7 +141,7 @@ class PlacementReader:
             key = tuple(parts)
             hash(key)
         except (AttributeError, TypeError, ValueError):
-            return parse_pod(obj)
+            return self._with_host(parse_pod(obj), obj)
         if not all(isinstance(meta.get(k) or "", str) for k in ("name", "namespace", "uid")):
             return parse_pod(obj)  # refuses it, naming the field
         base = self._req.get(key)
@@ -116,10 +150,25 @@ class PlacementReader:
             if len(self._req) >= self.size:
                 self._req.clear()
             self._req[key] = base
+        cpu, mem = self.host(obj)
         return PodRequest(namespace=str(meta.get("namespace") or "default"),
                           name=str(meta.get("name") or ""), kind=base.kind,
                           containers=base.containers, uid=str(meta.get("uid") or ""),
-                          labels=dict(labels))
+                          labels=dict(labels), cpu_milli=cpu, mem_mib=mem)
+
+    def _with_host(self, req: PodRequest, obj: Mapping[str, Any]) -> PodRequest:
+        cpu, mem = self.host(obj)
+        return PodRequest(req.namespace, req.name, req.kind, req.containers, uid=req.uid,
+                          cpu_milli=cpu, mem_mib=mem, models=req.models, labels=req.labels)
+
+    def unannotated(self, obj: Mapping[str, Any]) -> tuple[PodRequest, str] | None:
+        """Same answer as :func:`sharegpu.pods.unannotated_gpu_pod` (with the host request)."""
+        node = hostresources.charges_node(obj)
+        anns = (obj.get("metadata") or {}).get("annotations") or {}
+        if not node or self.allocation(anns) is not None:
+            return None
+        req = self.request(obj)
+        return (req, node) if req.wants_gpu else None
 
     def allocation(self, annotations: Mapping[str, str]) -> Allocation | None:
         key = tuple(annotations.get(k) for k in self._ANNS)
@@ -146,7 +195,9 @@ class PlacementReader:
 
 class ClusterView:
     def __init__(self, policy: str = "default", *, workload_refresh: int = 50,
-                 graded: bool = False) -> None:
+                 graded: bool = False, workload: TargetWorkload | None = None) -> None:
+        """``workload``: a fixed target workload for the policy (e.g. the history a simulation
+        ran with), never re-learnt; by default it is learnt from the pods seen."""
         self.policy_name = policy
         self.graded = graded  # prioritize scores every feasible node, not only the pick
         self.policy = get_policy(policy)
@@ -160,7 +211,15 @@ class ClusterView:
         self.unseen: dict[str, str] = {}
         # called with such a pod the first time it is seen (the replica posts an Event)
         self.on_unseen: Callable[[Mapping[str, Any]], None] | None = None
+        self.fixed_workload = workload
+        # bound, live pods whose host CPU and memory the state does not hold with GPUs:
+        # key -> (node, CPU millicores, memory MiB); and their sums per node (every node, GPU
+        # or not, so a node that becomes a GPU node starts with what already runs there)
+        self.host: dict[str, tuple[str, int, int]] = {}
+        self.host_sum: dict[str, list[int]] = {}
         self.shapes: Counter[Shape] = Counter()
+        # the same pods by (shape, host memory MiB): the history the workload is learnt from
+        self.history: Counter[tuple[Shape, int]] = Counter()
         self._shape_of: dict[str, Shape] = {}  # live pods already counted in ``shapes``
         self._seen = 0  # pods counted in ``shapes`` (the history the workload is learnt from)
         self._shapes_at_prepare = -1
@@ -184,6 +243,7 @@ class ClusterView:
         # or learnt about since the check began, which its list may show as they were before
         self._change_logs: list[set[str]] = []
         self.reader = PlacementReader()
+        self.reader.on_problem = self._problem
         # FGD and strand score a node from that node's row alone, so their scores can be kept
         # per request shape until the node changes (they cache their common shapes themselves;
         # this covers compute, whole-card and multi-container requests)
@@ -199,8 +259,13 @@ class ClusterView:
         state), a workload that barely moved (total variation below 5 %) is not handed over
         again, since that would drop the policy's caches for nothing."""
         total = self._seen
-        if total:
-            workload = TargetWorkload.from_shapes(self.shapes.elements())
+        if self.fixed_workload is not None:
+            workload = self.fixed_workload
+        elif total:
+            # every pod's shape with its host memory, as the simulator's history has them
+            pods = list(self.history.elements())
+            workload = TargetWorkload.from_shapes([t for t, _ in pods],
+                                                  mem=[m for _, m in pods])
         else:
             workload = default_workload(self.state)
         self._shapes_at_prepare = total
@@ -216,7 +281,7 @@ class ClusterView:
         """Re-learn the target workload from the pods seen: first after ``workload_refresh``
         pods, then each time their number doubled."""
         total = self._seen
-        if total < self.workload_refresh:
+        if total < self.workload_refresh or self.fixed_workload is not None:
             return
         if self._shapes_at_prepare < self.workload_refresh:
             self._prepare()
@@ -231,6 +296,7 @@ class ClusterView:
             self._shape_of[key] = s
             self._seen += 1
             self.shapes[s] += 1
+            self.history[(s, req.mem_mib)] += 1
 
     def _problem(self, key: str, reason: str) -> None:
         self.problems[key] = reason
@@ -254,9 +320,13 @@ class ClusterView:
         placed: dict[str, Placed] = {}
         records: list[Placed] = []
         unseen: list[Mapping[str, Any]] = []
+        on_nodes: list[tuple[str, str, Mapping[str, Any]]] = []  # bound, live: (key, node, pod)
         bad = 0
         for obj in pods:
             key = _key(obj)
+            node = hostresources.charges_node(obj)
+            if node:
+                on_nodes.append((key, node, obj))
             if key in self.inflight:
                 continue
             try:
@@ -268,7 +338,8 @@ class ClusterView:
             if p is None:
                 p = self.known_bound(obj)
             if p is None:
-                unseen.append(obj)
+                if node:
+                    unseen.append(obj)
                 continue
             placed[key] = p
             if p[1] in state.index:  # else applied when the node appears
@@ -279,17 +350,26 @@ class ClusterView:
             bad += 1
         for key, r in list(self.inflight.items()):
             try:
-                self.inflight[key] = state.reserve(r.request, r.node, r.alloc)
+                self.inflight[key] = state.reserve(r.request, r.node, r.alloc, check_host=False)
             except (PlacementError, KeyError) as e:
                 self._problem(key, f"in-flight reservation dropped on rebuild: {e}")
                 del self.inflight[key]
         if self._change_logs:  # a rebuild during a check: every pod is newer than its list
-            for key in (*self.placed, *self.state.pods, *placed, *map(_key, unseen)):
+            for key in (*self.placed, *self.state.pods, *placed, *map(_key, unseen),
+                        *self.host, *(k for k, _, _ in on_nodes)):
                 self._touch(key)
         self.state, self.specs, self.placed = state, specs, placed
+        self.host, self.host_sum = {}, {}
         known, self.unseen = self.unseen, {}
         for obj in unseen:  # after every recorded decision, as the consistency check does
             self._charge_unseen(obj, notify=_key(obj) not in known)
+        # every other bound, live pod: its host CPU and memory, per node
+        for key, node, obj in on_nodes:
+            if key not in state.pods:
+                self._set_host(key, node, *self.reader.host(obj), apply=False)
+        for node, (cpu, mem) in self.host_sum.items():
+            if node in state.index:
+                state.charge_host(node, cpu, mem)
         self._feasible.clear()
         self._nodes_version += 1
         self.scheduler = Scheduler(state, self.policy, tie_break="order")
@@ -297,6 +377,7 @@ class ClusterView:
         self._shape_of.clear()
         self._seen = 0
         self.shapes.clear()
+        self.history.clear()
         for key, (req, _node, alloc) in placed.items():
             self._count_shape(key, req, alloc)
         self._prepare()
@@ -310,7 +391,7 @@ class ClusterView:
         if key in self.state.pods:
             return
         try:
-            got = unannotated_gpu_pod(obj)
+            got = self.reader.unannotated(obj)
         except ValidationError:
             return
         if got is None:
@@ -324,10 +405,47 @@ class ClusterView:
             self._problem(key, f"GPU pod without a scheduling decision not charged: {e}")
             return
         self.unseen[key] = node
+        self._set_host(key, "")
         self._problem(key, f"holds GPU resources on {node} but carries no scheduling decision; "
                            "counted against every GPU of the node until it ends")
         if notify and self.on_unseen is not None:
             self.on_unseen(obj)
+
+    # -- host CPU and memory of the pods the state does not hold ---------------
+    def _set_host(self, key: str, node: str, cpu: int = 0, mem: int = 0, *,
+                  apply: bool = True) -> None:
+        """Record that pod ``key`` uses ``cpu`` and ``mem`` on ``node`` outside the state's
+        reservations (``node`` "": nothing), charging the state's node by the difference."""
+        new = (node, cpu, mem) if node and (cpu or mem) else None
+        old = self.host.get(key)
+        if old == new:
+            return
+        for rec, sign in ((old, -1), (new, 1)):
+            if rec is None:
+                continue
+            n, c, m = rec
+            total = self.host_sum.get(n)
+            if total is None:
+                total = self.host_sum[n] = [0, 0]
+            total[0] += sign * c
+            total[1] += sign * m
+            if not total[0] and not total[1]:
+                del self.host_sum[n]
+            if apply and n in self.state.index:
+                self.state.charge_host(n, sign * c, sign * m)
+        if new is None:
+            del self.host[key]
+        else:
+            self.host[key] = new
+
+    def _sync_host(self, key: str, obj: Mapping[str, Any]) -> None:
+        """After an event for a pod: in the host ledger exactly when it is bound, live and
+        not held by the state."""
+        node = hostresources.charges_node(obj)
+        if not node or key in self.state.pods:
+            self._set_host(key, "")
+        else:
+            self._set_host(key, node, *self.reader.host(obj))
 
     def known_bound(self, obj: Mapping[str, Any]) -> Placed | None:
         """Our placement of a pod that a list shows unbound though this view saw it bound
@@ -344,7 +462,11 @@ class ClusterView:
     def _spec(self, obj: Mapping[str, Any]) -> NodeSpec | None:
         name = str((obj.get("metadata") or {}).get("name") or "")
         try:
-            return spec_from_node(obj)
+            spec = spec_from_node(obj)
+            if spec is not None and (spec.cpu_milli is None or spec.mem_mib is None):
+                for problem in hostresources.node_allocatable(obj)[2]:
+                    self._problem(f"node/{name}", problem)
+            return spec
         except ValidationError as e:
             self._problem(f"node/{name}", str(e))
             # keep the last good view of the node rather than dropping its pods
@@ -368,6 +490,8 @@ class ClusterView:
         self.specs[name] = spec
         self._nodes_version += 1
         if fresh:
+            cpu, mem = self.host_sum.get(name, (0, 0))
+            self.state.charge_host(name, cpu, mem)
             for key, (req, node, alloc) in self.placed.items():
                 if node == name and key not in self.state.pods:
                     self._hold(key, req, node, alloc)
@@ -384,11 +508,13 @@ class ClusterView:
     # -- pods ---------------
     def _hold(self, key: str, req: PodRequest, node: str, alloc: Allocation) -> None:
         try:
-            self.state.reserve(req, node, alloc)
+            self.state.reserve(req, node, alloc, check_host=False)
             self.state.bind(key)
             self._count_shape(key, req, alloc)
         except PlacementError as e:
             self._problem(key, f"annotations over-commit: {e}")
+            return
+        self._set_host(key, "")  # its CPU and memory are held with its GPUs now
 
     # -- changes seen during a consistency check ---------------
     def track_changes(self) -> set[str]:
@@ -416,7 +542,12 @@ class ClusterView:
             p = self.reader.placement(obj)
         except ValidationError as e:
             self._problem(key, f"unreadable GPU annotations or request: {e}")
+            self._sync_host(key, obj)  # its CPU and memory count all the same
             return
+        self._apply_pod(key, obj, p)
+        self._sync_host(key, obj)
+
+    def _apply_pod(self, key: str, obj: Mapping[str, Any], p: Placed | None) -> None:
         cur = self.state.pods.get(key)
         if p is None:
             if key in self.placed and not (obj.get("spec") or {}).get("nodeName") and not _ended(
@@ -450,6 +581,7 @@ class ClusterView:
         self.placed.pop(key, None)
         self.inflight.pop(key, None)
         self.unseen.pop(key, None)
+        self._set_host(key, "")
         if key in self.state.pods:
             self.scheduler.release(key)
 
@@ -556,6 +688,10 @@ class ClusterView:
     def _fits_empty(self, req: PodRequest) -> np.ndarray:
         st, n = self.state, self.state.n
         ok = st.active[:n].copy()
+        if req.cpu_milli:
+            ok &= st.cpu_cap[:n] >= req.cpu_milli
+        if req.mem_mib:
+            ok &= st.mem_cap[:n] >= req.mem_mib
         modes = _KIND_MODES[req.kind]
         codes = np.array([_MODE_CODES[m] for m in modes if m in _MODE_CODES], dtype=np.int8)
         ok &= np.isin(st.mode[:n], codes)
