@@ -375,7 +375,7 @@ class ClusterState:
         spec = self.specs[i]
         if spec is None or not self.active[i]:
             raise PlacementError(f"{req.key}: node slot {i} is not active")
-        admit = req if check_host else _without_host(req)
+        admit = req if check_host else without_host(req)
         if not bool(self.node_mask(admit, slice(i, i + 1))[0]):
             reason = self.explain(admit, i) or "node does not admit the pod"
             raise PlacementError(f"{req.key} on {spec.name}: {reason}")
@@ -668,7 +668,8 @@ class ClusterState:
         return float((self.gpu_total[:n] - self.gpu_free[:n]).sum()) / total
 
 
-def _without_host(req: PodRequest) -> PodRequest:
+def without_host(req: PodRequest) -> PodRequest:
+    """The pod's request without its host CPU and memory (its GPU request alone)."""
     if not req.cpu_milli and not req.mem_mib:
         return req
     return PodRequest(req.namespace, req.name, req.kind, req.containers, uid=req.uid,

@@ -38,7 +38,7 @@ from ..placement.rowmemo import unique_keys
 from ..pods import is_terminated, node_of
 from ..request import Kind, PodRequest, parse_pod
 from ..scheduler import Scheduler
-from ..state import _KIND_MODES, _MODE_CODES, ClusterState, NodeSpec, Reservation
+from ..state import _KIND_MODES, _MODE_CODES, ClusterState, NodeSpec, Reservation, without_host
 
 log = logging.getLogger(__name__)
 
@@ -80,86 +80,112 @@ def request_key(req: PodRequest) -> tuple[Any, ...]:
 
 
 class PlacementReader:
-    """:func:`sharegpu.pods.placement_of` with its two pure steps memoised: pods made from one
-    template share a parsed request, and equal annotation values share a decoded allocation
-    (a rebuild reads 100,000 pods). The core functions stay the only place of the rules.
+    """:func:`sharegpu.pods.placement_of` with its pure steps memoised: pods made from one
+    template (equal labels' GPU count and equal containers, init containers, overhead and
+    pod-level resources) share one parsed GPU request and one host CPU and memory request,
+    and equal annotation values share a decoded allocation (a rebuild reads 200,000 pods). The
+    core functions (:func:`sharegpu.request.parse_pod`,
+    :func:`sharegpu.hostresources.pod_request`) stay the only place of the rules.
 
-    Requests carry the pod's host CPU and memory (:func:`sharegpu.hostresources.pod_request`);
-    a malformed CPU or memory quantity (an API server never stores one) counts as none, and
-    ``on_problem`` is told."""
+    Requests carry the pod's host CPU and memory; a malformed CPU or memory quantity (an API
+    server never stores one) counts as none, and ``on_problem`` is told."""
 
     _ANNS = (names.ANN_ALLOCATION, names.ANN_CORE, names.ANN_MEM_IDX, names.ANN_MEM_POD)
 
     def __init__(self, size: int = 4096) -> None:
         self.size = size
-        self._req: dict[tuple[Any, ...], PodRequest] = {}
+        # template key -> (GPU request or why it is refused, (CPU millicores, memory MiB))
+        self._tmpl: dict[tuple[Any, ...], tuple[PodRequest | ValidationError, tuple[int, int]]]
+        self._tmpl = {}
         self._alloc: dict[tuple[Any, ...], Allocation | None] = {}
-        self._host: dict[tuple[Any, ...], tuple[int, int]] = {}
+        self._last: tuple[Any, tuple[PodRequest | ValidationError, tuple[int, int]]] | None
+        self._last = None
         self.on_problem: Callable[[str, str], None] | None = None
+
+    @staticmethod
+    def _template_key(obj: Mapping[str, Any]) -> tuple[Any, ...] | None:
+        """Equal for pods whose GPU and host requests are equal; ``None`` for a pod that
+        cannot be keyed (then it is parsed, and refused where it breaks a rule)."""
+        try:
+            spec = obj["spec"]
+            labels = obj["metadata"].get("labels") or {}
+            parts: list[Any] = [labels.get(names.POD_LABEL_GPU_COUNT)]
+            for c in spec["containers"]:
+                res = c.get("resources") or {}
+                lim, req = res.get("limits") or {}, res.get("requests") or {}
+                "".join(lim.values()) + "".join(req.values())  # str only: "1" ≠ 1 ≠ True
+                parts.append((c.get("name"), tuple(lim.items()), tuple(req.items())))
+            inits = spec.get("initContainers")
+            if inits:
+                parts.append(hostresources.pod_request_key(obj))
+                for c in inits:  # their GPU resources are refused: key them as well
+                    res = c.get("resources") or {}
+                    "".join((res.get("limits") or {}).values())
+                    "".join((res.get("requests") or {}).values())
+            elif spec.get("overhead") or spec.get("resources"):
+                parts.append(hostresources.pod_request_key(obj))
+            key = tuple(parts)
+            hash(key)
+            return key
+        except (AttributeError, KeyError, TypeError, ValueError):
+            return None
+
+    def _template(
+        self, obj: Mapping[str, Any]
+    ) -> tuple[PodRequest | ValidationError, tuple[int, int]]:
+        last = self._last
+        if last is not None and last[0] is obj:
+            return last[1]
+        key = self._template_key(obj)
+        hit = self._tmpl.get(key) if key is not None else None
+        if hit is None:
+            base: PodRequest | ValidationError
+            try:
+                base = parse_pod(obj)
+            except ValidationError as e:
+                base = e
+            try:
+                host = hostresources.pod_request(obj)
+            except ValidationError as e:
+                if self.on_problem is not None:
+                    self.on_problem(_key(obj), f"CPU/memory request not counted: {e}")
+                host = (0, 0)
+            hit = (base, host)
+            if key is not None:
+                if len(self._tmpl) >= self.size:
+                    self._tmpl.clear()
+                self._tmpl[key] = hit
+        self._last = (obj, hit)
+        return hit
 
     def host(self, obj: Mapping[str, Any]) -> tuple[int, int]:
         """(CPU millicores, memory MiB) the pod uses where it is bound."""
-        try:
-            key: tuple[Any, ...] | None = hostresources.pod_request_key(obj)
-        except (AttributeError, KeyError, TypeError, ValueError):
-            key = None
-        if key is not None:
-            hit = self._host.get(key)
-            if hit is not None:
-                return hit
-        try:
-            got = hostresources.pod_request(obj)
-        except ValidationError as e:
-            if self.on_problem is not None:
-                self.on_problem(_key(obj), f"CPU/memory request not counted: {e}")
-            got = (0, 0)
-        if key is not None:
-            if len(self._host) >= self.size:
-                self._host.clear()
-            self._host[key] = got
-        return got
+        return self._template(obj)[1]
+
+    def wants_gpu(self, obj: Mapping[str, Any]) -> bool:
+        """Whether the pod asks for GPU resources (ValidationError when its request is
+        refused)."""
+        base = self._template(obj)[0]
+        if isinstance(base, ValidationError):
+            raise base
+        return base.wants_gpu
 
     def request(self, obj: Mapping[str, Any]) -> PodRequest:
         spec = obj.get("spec") or {}
         meta = obj.get("metadata") or {}
         if not isinstance(spec, Mapping) or not isinstance(meta, Mapping):
             return parse_pod(obj)  # refuses it, naming the field
-        containers = spec.get("containers")
         labels = meta.get("labels") or {}
-        if (spec.get("initContainers") or not isinstance(containers, list)
-                or not isinstance(labels, Mapping)):
-            return self._with_host(parse_pod(obj), obj)
-        parts: list[Any] = [labels.get(names.POD_LABEL_GPU_COUNT)]
-        try:
-            for c in containers:
-                res = c.get("resources") or {}
-                lim, req = res.get("limits") or {}, res.get("requests") or {}
-                parts.append(c.get("name"))
-                for r in names.ALL_GPU_RESOURCES:
-                    if r in lim or r in req:
-                        parts.append((r, str(lim.get(r)), str(req.get(r))))
-            key = tuple(parts)
-            hash(key)
-        except (AttributeError, TypeError, ValueError):
-            return self._with_host(parse_pod(obj), obj)
-        if not all(isinstance(meta.get(k) or "", str) for k in ("name", "namespace", "uid")):
+        if not isinstance(labels, Mapping) or not all(
+                isinstance(meta.get(k) or "", str) for k in ("name", "namespace", "uid")):
             return parse_pod(obj)  # refuses it, naming the field
-        base = self._req.get(key)
-        if base is None:
-            base = parse_pod(obj)
-            if len(self._req) >= self.size:
-                self._req.clear()
-            self._req[key] = base
-        cpu, mem = self.host(obj)
+        base, (cpu, mem) = self._template(obj)
+        if isinstance(base, ValidationError):
+            raise base
         return PodRequest(namespace=str(meta.get("namespace") or "default"),
                           name=str(meta.get("name") or ""), kind=base.kind,
                           containers=base.containers, uid=str(meta.get("uid") or ""),
                           labels=dict(labels), cpu_milli=cpu, mem_mib=mem)
-
-    def _with_host(self, req: PodRequest, obj: Mapping[str, Any]) -> PodRequest:
-        cpu, mem = self.host(obj)
-        return PodRequest(req.namespace, req.name, req.kind, req.containers, uid=req.uid,
-                          cpu_milli=cpu, mem_mib=mem, models=req.models, labels=req.labels)
 
     def unannotated(self, obj: Mapping[str, Any]) -> tuple[PodRequest, str] | None:
         """Same answer as :func:`sharegpu.pods.unannotated_gpu_pod` (with the host request)."""
@@ -167,13 +193,18 @@ class PlacementReader:
         anns = (obj.get("metadata") or {}).get("annotations") or {}
         if not node or self.allocation(anns) is not None:
             return None
-        req = self.request(obj)
-        return (req, node) if req.wants_gpu else None
+        if not self.wants_gpu(obj):
+            return None
+        return self.request(obj), node
 
     def allocation(self, annotations: Mapping[str, str]) -> Allocation | None:
-        key = tuple(annotations.get(k) for k in self._ANNS)
-        if key in self._alloc:
+        get = annotations.get
+        a, b, c, d = self._ANNS
+        key = (get(a), get(b), get(c), get(d))
+        try:
             return self._alloc[key]
+        except KeyError:
+            pass
         alloc = decode(annotations)
         if len(self._alloc) >= self.size:
             self._alloc.clear()
@@ -339,7 +370,12 @@ class ClusterView:
                 p = self.known_bound(obj)
             if p is None:
                 if node:
-                    unseen.append(obj)
+                    try:
+                        gpu = self.reader.wants_gpu(obj)
+                    except ValidationError:
+                        gpu = False
+                    if gpu:  # a GPU pod without a decision: charged below
+                        unseen.append(obj)
                 continue
             placed[key] = p
             if p[1] in state.index:  # else applied when the node appears
@@ -607,10 +643,10 @@ class ClusterView:
         slots = self.slots(names)
         known = slots >= 0
         if known.all():
-            ok = self.feasible(req)[slots]
+            ok = self.feasible_at(req, slots)
         else:
             ok = np.zeros(len(names), dtype=bool)
-            ok[known] = self.feasible(req)[slots[known]]
+            ok[known] = self.feasible_at(req, slots[known])
         passed = list(compress(names, ok.tolist()))
         # the prioritize that follows asks for these names: their slots hold while no node
         # is added, changed or removed
@@ -620,22 +656,51 @@ class ClusterView:
         bad = np.flatnonzero(~ok)
         if len(bad) == 0:
             return passed, failed, unres
-        cache = self._reason_cache(req)
-        version = self.state.version
-        empty_ok = self.fits_empty(req)
-        for j, i in zip(bad.tolist(), slots[bad].tolist(), strict=True):
+        # reasons are kept per GPU request: where the host CPU and memory admit the pod, its
+        # reason is the GPU request's (explain checks them before the GPUs)
+        gpu_req = without_host(req)
+        cache = self._reason_cache(gpu_req)
+        st = self.state
+        at = slots[bad]
+        at_known = np.where(at >= 0, at, 0)
+        version = st.version[at_known].tolist()
+        cpu, mem = req.cpu_milli, req.mem_mib
+        empty_ok = self.fits_empty(gpu_req)[at_known]
+        host_short = np.zeros(len(at), dtype=bool)
+        if cpu or mem:
+            empty_ok &= (st.cpu_cap[at_known] >= cpu) & (st.mem_cap[at_known] >= mem)
+            host_short = (st.cpu_free[at_known] < cpu) | (st.mem_free[at_known] < mem)
+        for j, i, v, empty, short in zip(bad.tolist(), at.tolist(), version,
+                                         empty_ok.tolist(), host_short.tolist(), strict=True):
             name = names[j]
             if i < 0:
                 unres[name] = UNKNOWN_NODE
                 continue
-            hit = cache.get(i)
-            if hit is not None and hit[0] == version[i]:
-                reason = hit[1]
+            if short:
+                reason = st.explain(req, i) or "does not fit"
             else:
-                reason = self.state.explain(req, i) or "does not fit"
-                cache[i] = (int(version[i]), reason)
-            (failed if empty_ok[i] else unres)[name] = reason
+                hit = cache.get(i)
+                if hit is not None and hit[0] == v:
+                    reason = hit[1]
+                else:
+                    reason = st.explain(gpu_req, i) or "does not fit"
+                    cache[i] = (v, reason)
+            (failed if empty else unres)[name] = reason
         return passed, failed, unres
+
+    def feasible_at(self, req: PodRequest, slots: np.ndarray) -> np.ndarray:
+        """The core's feasibility of node ``slots`` (known ones): the GPU request's, kept per
+        GPU request (:meth:`feasible`), and the host CPU and memory's, read afresh (pods
+        differ in CPU and memory far more than in GPU shape)."""
+        if not req.cpu_milli and not req.mem_mib:
+            return self.feasible(req)[slots]
+        st = self.state
+        ok = self.feasible(without_host(req))[slots]
+        if req.cpu_milli:
+            ok &= st.cpu_free[slots] >= req.cpu_milli
+        if req.mem_mib:
+            ok &= st.mem_free[slots] >= req.mem_mib
+        return ok
 
     def feasible(self, req: PodRequest) -> np.ndarray:
         """The core's feasibility mask over every node, kept per request shape and brought up
@@ -758,7 +823,7 @@ class ClusterView:
 
     def _prioritize(self, req: PodRequest, names: list[str], slots: np.ndarray) -> dict[str, int]:
         known = slots[slots >= 0]
-        nodes = known[self.feasible(req)[known]]
+        nodes = known[self.feasible_at(req, known)]
         if len(nodes) == 0:
             return dict.fromkeys(names, 0)
         scores = self.scores(req, nodes)
