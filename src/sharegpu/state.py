@@ -531,15 +531,21 @@ class ClusterState:
         problems: list[tuple[str, str]] = []
         groups: dict[int, list[tuple[PodRequest, Allocation]]] = {}
         seen: set[str] = set()
+        index, pods = self.index, self.pods
         for req, node, alloc in placed:
-            i = self.index.get(node)
+            i = index.get(node)
+            key = req.key
             if i is None:
-                problems.append((req.key, f"node {node!r} is unknown"))
-            elif req.key in self.pods or req.key in seen:
-                problems.append((req.key, "placed twice"))
+                problems.append((key, f"node {node!r} is unknown"))
+            elif key in pods or key in seen:
+                problems.append((key, "placed twice"))
             else:
-                seen.add(req.key)
-                groups.setdefault(i, []).append((req, alloc))
+                seen.add(key)
+                group = groups.get(i)
+                if group is None:
+                    groups[i] = [(req, alloc)]
+                else:
+                    group.append((req, alloc))
         for i, group in groups.items():
             if self._restore_node(i, group):
                 continue
@@ -597,8 +603,13 @@ class ClusterState:
                 if not 0 <= gpu < g:
                     return False
                 core[gpu] -= v
-            for gpu in {x for per in alloc.mem.values() for x in per}:
-                pods[gpu] += 1
+            held = alloc.mem
+            if len(held) == 1:  # one container: its GPUs are distinct already
+                for gpu in next(iter(held.values())):
+                    pods[gpu] += 1
+            else:
+                for gpu in {x for per in held.values() for x in per}:
+                    pods[gpu] += 1
             done.append(Reservation(req, spec.name, alloc, bound=True))
         if Kind.SHARED in kinds and (Kind.SHARED_CORE in kinds or self.pods_mem_core[i]):
             return False
@@ -615,13 +626,19 @@ class ClusterState:
         self.free_sum[i] = sum(free)
         self.cpu_free[i] -= cpu
         self.mem_free[i] -= mem
+        node_pods, all_pods = self._node_pods[i], self.pods
+        mem_only = mem_core = 0
         for r in done:
-            if r.request.kind is Kind.SHARED:
-                self.pods_mem_only[i] += 1
-            elif r.request.kind is Kind.SHARED_CORE:
-                self.pods_mem_core[i] += 1
-            self._node_pods[i].add(r.request.key)
-            self.pods[r.request.key] = r
+            kind = r.request.kind
+            if kind is Kind.SHARED:
+                mem_only += 1
+            elif kind is Kind.SHARED_CORE:
+                mem_core += 1
+            key = r.request.key
+            node_pods.add(key)
+            all_pods[key] = r
+        self.pods_mem_only[i] += mem_only
+        self.pods_mem_core[i] += mem_core
         self.version[i] += 1
         return True
 

@@ -113,7 +113,7 @@ class PlacementReader:
             for c in spec["containers"]:
                 res = c.get("resources") or {}
                 lim, req = res.get("limits") or {}, res.get("requests") or {}
-                "".join(lim.values()) + "".join(req.values())  # str only: "1" ≠ 1 ≠ True
+                "".join((*lim.values(), *req.values()))  # str only: 1 == 1.0 == True
                 parts.append((c.get("name"), tuple(lim.items()), tuple(req.items())))
             inits = spec.get("initContainers")
             if inits:
@@ -176,16 +176,16 @@ class PlacementReader:
         if not isinstance(spec, Mapping) or not isinstance(meta, Mapping):
             return parse_pod(obj)  # refuses it, naming the field
         labels = meta.get("labels") or {}
-        if not isinstance(labels, Mapping) or not all(
-                isinstance(meta.get(k) or "", str) for k in ("name", "namespace", "uid")):
+        ns, name, uid = meta.get("namespace") or "default", meta.get("name") or "", meta.get(
+            "uid") or ""
+        if (not isinstance(labels, Mapping) or type(ns) is not str or type(name) is not str
+                or type(uid) is not str):
             return parse_pod(obj)  # refuses it, naming the field
         base, (cpu, mem) = self._template(obj)
         if isinstance(base, ValidationError):
             raise base
-        return PodRequest(namespace=str(meta.get("namespace") or "default"),
-                          name=str(meta.get("name") or ""), kind=base.kind,
-                          containers=base.containers, uid=str(meta.get("uid") or ""),
-                          labels=dict(labels), cpu_milli=cpu, mem_mib=mem)
+        return PodRequest(ns, name, base.kind, base.containers, uid, cpu, mem,
+                          labels=dict(labels))
 
     def unannotated(self, obj: Mapping[str, Any]) -> tuple[PodRequest, str] | None:
         """Same answer as :func:`sharegpu.pods.unannotated_gpu_pod` (with the host request)."""
@@ -351,27 +351,43 @@ class ClusterView:
         placed: dict[str, Placed] = {}
         records: list[Placed] = []
         unseen: list[Mapping[str, Any]] = []
-        on_nodes: list[tuple[str, str, Mapping[str, Any]]] = []  # bound, live: (key, node, pod)
+        # bound, live pods: (key, node, CPU, memory)
+        on_nodes: list[tuple[str, str, int, int]] = []
+        listed: list[str] = []
+        tracking = bool(self._change_logs)
+        reader, inflight = self.reader, self.inflight
         bad = 0
-        for obj in pods:
-            key = _key(obj)
-            node = hostresources.charges_node(obj)
-            if node:
-                on_nodes.append((key, node, obj))
-            if key in self.inflight:
+        for obj in pods:  # the same answers as placement_of, known_bound, unannotated_gpu_pod
+            meta = obj.get("metadata") or {}
+            key = f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
+            if tracking:
+                listed.append(key)
+            if is_terminated(obj):
+                continue  # holds nothing, uses nothing
+            node = node_of(obj)
+            if key in inflight:
+                if node:
+                    on_nodes.append((key, node, *reader.host(obj)))
                 continue
             try:
-                p = self.reader.placement(obj)
+                alloc = reader.allocation(meta.get("annotations") or {})
+                p = (reader.request(obj), node, alloc) if alloc is not None and node else None
             except ValidationError as e:
                 self._problem(key, f"unreadable GPU annotations or request: {e}")
                 bad += 1
+                if node:
+                    on_nodes.append((key, node, *reader.host(obj)))
                 continue
-            if p is None:
-                p = self.known_bound(obj)
+            if not node:
+                if p is None:
+                    p = self.known_bound(obj)
+            else:
+                cpu, mem = reader.host(obj)
+                on_nodes.append((key, node, cpu, mem))
             if p is None:
                 if node:
                     try:
-                        gpu = self.reader.wants_gpu(obj)
+                        gpu = reader.wants_gpu(obj)
                     except ValidationError:
                         gpu = False
                     if gpu:  # a GPU pod without a decision: charged below
@@ -391,8 +407,7 @@ class ClusterView:
                 self._problem(key, f"in-flight reservation dropped on rebuild: {e}")
                 del self.inflight[key]
         if self._change_logs:  # a rebuild during a check: every pod is newer than its list
-            for key in (*self.placed, *self.state.pods, *placed, *map(_key, unseen),
-                        *self.host, *(k for k, _, _ in on_nodes)):
+            for key in (*self.placed, *self.state.pods, *placed, *listed, *self.host):
                 self._touch(key)
         self.state, self.specs, self.placed = state, specs, placed
         self.host, self.host_sum = {}, {}
@@ -400,9 +415,10 @@ class ClusterView:
         for obj in unseen:  # after every recorded decision, as the consistency check does
             self._charge_unseen(obj, notify=_key(obj) not in known)
         # every other bound, live pod: its host CPU and memory, per node
-        for key, node, obj in on_nodes:
-            if key not in state.pods:
-                self._set_host(key, node, *self.reader.host(obj), apply=False)
+        held = state.pods
+        for key, node, cpu, mem in on_nodes:
+            if key not in held:
+                self._set_host(key, node, cpu, mem, apply=False)
         for node, (cpu, mem) in self.host_sum.items():
             if node in state.index:
                 state.charge_host(node, cpu, mem)
