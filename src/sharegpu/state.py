@@ -582,6 +582,25 @@ class ClusterState:
             kinds.add(req.kind)
             cpu += req.cpu_milli
             mem += req.mem_mib
+            cs, held = req.containers, alloc.mem
+            if len(cs) == 1 and len(held) == 1 and not cs[0].whole:
+                # the common case, one shared container: the same rules, without the sums
+                c = cs[0]
+                got = held.get(c.index)
+                if got is None or len(got) != c.gpus:
+                    return False
+                for gpu, v in got.items():
+                    if not 0 <= gpu < g or v != c.gpu_mem:
+                        return False
+                    free[gpu] -= v
+                    pods[gpu] += 1
+                for per in alloc.core.values():
+                    for gpu, v in per.items():
+                        if not 0 <= gpu < g:
+                            return False
+                        core[gpu] -= v
+                done.append(Reservation(req, spec.name, alloc, bound=True))
+                continue
             if any(c.whole for c in req.containers):
                 alloc = whole_card_allocation(self, req, i, alloc)
             for c in req.containers:
