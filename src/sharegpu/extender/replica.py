@@ -19,7 +19,6 @@ from typing import Any
 import httpx2 as httpx
 
 from ..aio import cancel_all
-from ..placement.fragmentation import TargetWorkload
 from .bind import Binder
 from .events import REASON_UNANNOTATED, EventRecorder
 from .httpserver import HttpServer
@@ -45,12 +44,11 @@ class Replica:
                  elect: bool = True, lease_duration: float = 10.0, renew_deadline: float = 7.0,
                  retry_period: float = 2.0, check_every: float = 300.0,
                  graded_scores: bool = False, advertise_url: str = "",
-                 forward_timeout: float = 8.0, http_limits: dict[str, Any] | None = None,
-                 workload: TargetWorkload | None = None) -> None:
-        """``workload``: a fixed target workload for the policy (see :class:`ClusterView`)."""
+                 forward_timeout: float = 8.0, http_limits: dict[str, Any] | None = None
+                 ) -> None:
         self.api = api
         self.identity = identity
-        self.view = ClusterView(policy, graded=graded_scores, workload=workload)
+        self.view = ClusterView(policy, graded=graded_scores)
         self.metrics = Metrics(lambda: self.view)
         self.informer = Informer(api, self.view, self.metrics, check_every=check_every)
         self.elector: LeaderElector | None = None

@@ -310,6 +310,11 @@ class ClusterView:
         if self._scores is not None:
             self._scores = ShapeCache({"score": np.float64})
 
+    def use_workload(self, workload: TargetWorkload | None) -> None:
+        """Fix the policy's target workload (``None``: learn it from the pods seen again)."""
+        self.fixed_workload = workload
+        self._prepare()
+
     def maybe_refresh_workload(self) -> None:
         """Re-learn the target workload from the pods seen: first after ``workload_refresh``
         pods, then each time their number doubled."""

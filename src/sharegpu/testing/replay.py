@@ -168,7 +168,8 @@ async def replay(fake: FakeApiServer, nodes: Sequence[NodeSpec], pods: Sequence[
     if len(sim_placements) != len(seq):
         raise ValueError("sim_placements must hold one entry per pod of the seed's stream")
     replica = Replica(KubeApi.from_url(fake.url), identity="replay", policy=policy,
-                      elect=False, workload=target_workload(pods), check_every=3600.0)
+                      elect=False, check_every=3600.0)
+    replica.view.use_workload(target_workload(pods))  # the simulator's history
     await replica.start()
     try:
         url = f"http://127.0.0.1:{replica.port}"
