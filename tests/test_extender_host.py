@@ -130,12 +130,16 @@ def test_a_node_that_becomes_a_gpu_node_brings_what_runs_there() -> None:
     assert free(v, "later") == (14000, 64512)
 
 
-def test_malformed_values_never_break_the_view() -> None:
+def test_malformed_values_never_break_the_view(caplog: Any) -> None:
     v = ClusterView()
     bad = node("bad")
     bad["status"]["allocatable"]["cpu"] = "sixteen"
-    v.reset([bad, node("ok")], [])
+    with caplog.at_level("WARNING"):
+        v.reset([bad, node("ok")], [])
+        v.upsert_node(bad)  # its next status update: kept, the problem not logged again
     assert "node/bad" in v.problems and "unknown" in v.problems["node/bad"]
+    assert sum("sixteen" in r.getMessage() for r in caplog.records) == 1
+    assert "bad" in v.state.index
     v.upsert_pod(plain("web", "bad", cpu="100"))  # unknown CPU never refuses
     req = v.reader.request(kobjects.pod("g", mem=4, cpu="8"))
     assert v.filter(req, ["bad", "ok"])[0] == ["bad", "ok"]

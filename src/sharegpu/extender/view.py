@@ -528,8 +528,9 @@ class ClusterView:
         try:
             spec = spec_from_node(obj)
             if spec is not None and (spec.cpu_milli is None or spec.mem_mib is None):
-                for problem in hostresources.node_allocatable(obj)[2]:
-                    self._problem(f"node/{name}", problem)
+                problem = "; ".join(hostresources.node_allocatable(obj)[2])
+                if problem and self.problems.get(f"node/{name}") != problem:
+                    self._problem(f"node/{name}", problem)  # once, not at every status update
             return spec
         except ValidationError as e:
             self._problem(f"node/{name}", str(e))
