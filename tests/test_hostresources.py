@@ -66,7 +66,7 @@ def test_rounding_is_up_for_pods_and_down_for_nodes() -> None:
 @pytest.mark.parametrize("res, field", [
     ({"requests": {"cpu": "lots"}}, 'spec.containers[0].resources.requests["cpu"]'),
     ({"limits": {"memory": "1Gb"}}, 'spec.containers[0].resources.limits["memory"]'),
-    ({"requests": {"cpu": "-1"}}, "spec.containers[0].resources['cpu']"),
+    ({"requests": {"cpu": "-1"}}, 'spec.containers[0].resources.requests["cpu"]'),
     ({"requests": ["cpu"]}, "spec.containers[0].resources"),
 ])
 def test_malformed_pod_quantities_name_the_field(res: dict[str, Any], field: str) -> None:

@@ -47,14 +47,14 @@ def _amounts(res: Any, path: str) -> tuple[Fraction, Fraction]:
         raise ValidationError(path, type(res).__name__, "limits and requests must be maps")
     out = []
     for r in (CPU, MEMORY):
-        if r in req:
-            v = quantity.parse(f'{path}.requests["{r}"]', req[r])
-        elif r in lim:
-            v = quantity.parse(f'{path}.limits["{r}"]', lim[r])
+        if r in req or r in lim:
+            where, raw = (("requests", req[r]) if r in req else ("limits", lim[r]))
+            field = f'{path}.{where}["{r}"]'
+            v = quantity.parse(field, raw)
+            if v < 0:
+                raise ValidationError(field, raw, "must not be negative")
         else:
             v = Fraction(0)
-        if v < 0:
-            raise ValidationError(f"{path}[{r!r}]", str(v), "must not be negative")
         out.append(v)
     return out[0], out[1]
 
