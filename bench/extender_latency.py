@@ -20,7 +20,13 @@ Side by side in one run:
 - ``all``: every node name in every request (percentageOfNodesToScore: 100, the worst case);
 - the ``scheduler`` lists through the view and the binder in process, without HTTP.
 
-Then: a ClusterView rebuilt from ``--rebuild-pods`` annotated pods (the start of a replica).
+With ``--other-pods N`` (default 100,000), the ``scheduler`` scenarios run a second time with
+N pods without GPUs bound on the nodes besides (each asking for CPU and memory, as
+kube-scheduler placed them) and GPU pods that ask for CPU and memory too: the extender then
+counts every node's CPU and memory (strand's R term), and the figures stand beside today's.
+
+Then: a ClusterView rebuilt from ``--rebuild-pods`` annotated pods (the start of a replica),
+alone and with the N other pods; and what one watch event of a pod without GPUs costs the view.
 """
 
 from __future__ import annotations
@@ -67,14 +73,56 @@ def cluster(n: int, seed: int = 1) -> list[dict[str, Any]]:
     return out
 
 
-def pods(n: int, seed: int = 2) -> list[tuple[str, dict[str, Any]]]:
-    """(kind, pod) pairs of a mixed workload."""
+CPU_CHOICES = ["500m", "1", "2", "4", "8"]
+MEMORY_CHOICES = ["1Gi", "4Gi", "8Gi", "16Gi", "32Gi"]
+
+
+def template_host(kind: str, pod: dict[str, Any]) -> tuple[str, str]:
+    """CPU and memory of a GPU pod made from a template: they follow its GPU request (a
+    workload's deployment fixes all three), so there are as many shapes as GPU requests."""
+    lim = pod["spec"]["containers"][0]["resources"]["limits"]
+    if kind in ("cards", "topology"):
+        k = int(lim.get(names.RES_NVIDIA_GPU) or lim.get(names.RES_TOPOLOGY_GPU))
+        return str(6 * k), f"{24 * k}Gi"
+    if kind == "core":
+        return "2", "8Gi"
+    if kind == "multi":
+        return "4", "32Gi"
+    m = int(lim[names.RES_GPU_MEM])
+    return str(max(1, m // 4)), f"{4 * m}Gi"
+
+
+def other_pods(nodes: list[dict[str, Any]], n: int, seed: int = 5) -> list[dict[str, Any]]:
+    """``n`` running pods without GPUs, bound round robin over ``nodes``, asking for CPU and
+    memory (a few templates, as deployments make them; ~20 per node at 5,000 nodes take about
+    a quarter of a 64-core, 256 GiB node)."""
     rng = random.Random(seed)
+    templates = [(rng.choice(["100m", "250m", "500m", "1"]), rng.choice(["128Mi", "512Mi",
+                                                                       "1Gi", "2Gi"]))
+                 for _ in range(50)]
+    out = []
+    for i in range(n):
+        cpu, mem = templates[i % len(templates)]
+        node = nodes[(i * 7919) % len(nodes)]["metadata"]["name"]
+        p = kobjects.pod(f"other-{i:06d}", namespace="apps", containers=[{}], cpu=cpu,
+                         memory=mem, node_name=node, uid=f"uid-other-{i}")
+        p["spec"]["schedulerName"] = "default-scheduler"
+        p["status"]["phase"] = "Running"
+        out.append(p)
+    return out
+
+
+def pods(n: int, seed: int = 2, host: str = "") -> list[tuple[str, dict[str, Any]]]:
+    """(kind, pod) pairs of a mixed workload. ``host``: "" (no CPU or memory asked),
+    "template" (CPU and memory follow the GPU request, :func:`template_host`) or "random"
+    (each drawn on its own from 5 values: 25 host shapes for every GPU request)."""
+    rng = random.Random(seed)
+    hrng = random.Random(seed + 1)
     out = []
     for i in range(n):
         r = rng.random()
         name = f"pod-{i:06d}"
-        kw = {"uid": f"uid-{name}"}  # the same in the server and the driver process
+        kw: dict[str, Any] = {"uid": f"uid-{name}"}  # the same in the server and the driver
         if r < 0.45:
             out.append(("mem", kobjects.pod(name, mem=rng.choice([1, 2, 4, 8, 12]), **kw)))
         elif r < 0.65:
@@ -87,14 +135,20 @@ def pods(n: int, seed: int = 2) -> list[tuple[str, dict[str, Any]]]:
             out.append(("cards", kobjects.pod(name, cards=rng.choice([1, 1, 2, 4]), **kw)))
         else:
             out.append(("topology", kobjects.pod(name, topology=rng.choice([1, 2, 4, 8]), **kw)))
+        kind, pod = out[-1]
+        if host:
+            cpu, mem = (template_host(kind, pod) if host == "template" else
+                        (hrng.choice(CPU_CHOICES), hrng.choice(MEMORY_CHOICES)))
+            pod["spec"]["containers"][0]["resources"]["requests"] = {"cpu": cpu,
+                                                                     "memory": mem}
         # as kube-scheduler's cache has it: the resourceVersion the in-memory API gives the
         # i-th pod it stores
-        out[-1][1]["metadata"]["resourceVersion"] = str(i + 1)
+        pod["metadata"]["resourceVersion"] = str(i + 1)
     return out
 
 
 # -- server process -----------------------------------------------------------------------------
-def serve(n_nodes: int, n_pods: int, q: Any, graded: bool = False) -> None:
+def serve(n_nodes: int, n_pods: int, q: Any, graded: bool = False, others: int = 0) -> None:
     from sharegpu.extender.bind import Binder
     from sharegpu.extender.memapi import MemoryApi
     from sharegpu.extender.metrics import Metrics
@@ -103,8 +157,9 @@ def serve(n_nodes: int, n_pods: int, q: Any, graded: bool = False) -> None:
 
     async def main() -> None:
         view = ClusterView("default", graded=graded)
-        view.reset(cluster(n_nodes), [])
-        api = MemoryApi(p for _, p in pods(n_pods))
+        nodes = cluster(n_nodes)
+        view.reset(nodes, other_pods(nodes, others))
+        api = MemoryApi(p for _, p in pods(n_pods, host="template" if others else ""))
         metrics = Metrics(lambda: view)
         app = ExtenderApp(view, Binder(api, lambda: view), metrics)
         q.put(await app.server().start("127.0.0.1", 0))
@@ -302,18 +357,18 @@ async def drive(port: int, n_nodes: int, work: list[tuple[str, dict[str, Any]]],
     }
 
 
-def direct(n_nodes: int, work: list[tuple[str, dict[str, Any]]], warmup: int) -> dict[str, Any]:
+def direct(n_nodes: int, work: list[tuple[str, dict[str, Any]]], warmup: int,
+           others: int = 0, label: str = "") -> dict[str, Any]:
     """The same pods through the view and the binder in one process, no HTTP: what the
     extender's own logic costs (the candidate lists of the ``scheduler`` scenario)."""
     from sharegpu.extender.bind import Binder
     from sharegpu.extender.memapi import MemoryApi
     from sharegpu.extender.view import ClusterView
     from sharegpu.extender.wire import BindingArgs
-    from sharegpu.request import parse_pod
 
     nodes = cluster(n_nodes)
     view = ClusterView("default")
-    view.reset(nodes, [])
+    view.reset(nodes, other_pods(nodes, others))
     api = MemoryApi(p for _, p in work)
     binder = Binder(api, lambda: view)
     lists = candidate_lists(nodes, work, "scheduler")
@@ -328,14 +383,14 @@ def direct(n_nodes: int, work: list[tuple[str, dict[str, Any]]], warmup: int) ->
                 t_start = time.perf_counter()
             cand = next(lists)
             t0 = time.perf_counter()
-            req = parse_pod(pod)
+            req = view.reader.request(pod)
             passed, _, _ = view.filter(req, cand)
             if passed:
                 binder.hint(pod, req)
             t1 = time.perf_counter()
             if not passed:
                 continue
-            scores = view.prioritize(parse_pod(pod), passed)
+            scores = view.prioritize(view.reader.request(pod), passed)
             t2 = time.perf_counter()
             node = max(scores, key=scores.__getitem__)
             m = pod["metadata"]
@@ -351,7 +406,8 @@ def direct(n_nodes: int, work: list[tuple[str, dict[str, Any]]], warmup: int) ->
     def pct(xs: list[float], q: float) -> float:
         return round(float(np.percentile(np.array(xs) * 1000, q)), 3) if xs else 0.0
 
-    return {"candidates": "scheduler, in process (no HTTP)", "warmup_pods": warmup,
+    label = "scheduler, in process (no HTTP)" + label
+    return {"candidates": label, "warmup_pods": warmup,
             "pods": len(work) - warmup,
             "pods_per_s": round((len(work) - warmup) / wall, 1),
             "latency_ms": {v: {"p50": pct(x, 50), "p99": pct(x, 99), "n": len(x)}
@@ -359,17 +415,20 @@ def direct(n_nodes: int, work: list[tuple[str, dict[str, Any]]], warmup: int) ->
 
 
 def run_scenario(n_nodes: int, n_pods: int, mode: str, inflight: int,
-                 warmup: int, graded: bool = False) -> dict[str, Any]:
+                 warmup: int, graded: bool = False, others: int = 0) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    proc = ctx.Process(target=serve, args=(n_nodes, n_pods + warmup, q, graded), daemon=True)
+    proc = ctx.Process(target=serve, args=(n_nodes, n_pods + warmup, q, graded, others),
+                       daemon=True)
     proc.start()
     try:
         port = q.get(timeout=600)
-        out = asyncio.run(drive(port, n_nodes, pods(n_pods + warmup), mode, inflight, warmup,
-                                proc.pid))
+        work = pods(n_pods + warmup, host="template" if others else "")
+        out = asyncio.run(drive(port, n_nodes, work, mode, inflight, warmup, proc.pid))
         if graded:
             out["candidates"] += ", graded scores"
+        if others:
+            out["candidates"] += f", +{others:,} non-GPU pods, GPU pods with CPU/memory (template)"
         return out
     finally:
         proc.terminate()
@@ -418,17 +477,44 @@ def annotated_pods(nodes: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
     return out
 
 
-def rebuild_time(n_nodes: int, n_pods: int) -> dict[str, Any]:
+def rebuild_time(n_nodes: int, n_pods: int, others: int = 0) -> dict[str, Any]:
+    """A view rebuilt from ``n_pods`` annotated GPU pods and ``others`` pods without GPUs
+    (the best of 3)."""
     from sharegpu.extender.view import ClusterView
 
     nodes = cluster(n_nodes)
-    ps = annotated_pods(nodes, n_pods)
+    ps = annotated_pods(nodes, n_pods) + other_pods(nodes, others)
+    best = float("inf")
+    for _ in range(3):
+        view = ClusterView("default")
+        t0 = time.perf_counter()
+        bad = view.reset(nodes, ps)
+        best = min(best, time.perf_counter() - t0)
+    return {"nodes": n_nodes, "pods": n_pods, "other_pods": others, "seconds": round(best, 3),
+            "unapplied": bad, "held": len(view.state.pods), "host_ledger": len(view.host)}
+
+
+def event_cost(n_nodes: int, n: int = 20_000) -> dict[str, float]:
+    """Microseconds per watch event (added, then deleted) of a pod without GPUs, bound to a
+    GPU node and to a node the view does not know (no GPUs), on a view of ``n_nodes``."""
+    from sharegpu.extender.view import ClusterView
+
+    nodes = cluster(n_nodes)
     view = ClusterView("default")
-    t0 = time.perf_counter()
-    bad = view.reset(nodes, ps)
-    dt = time.perf_counter() - t0
-    return {"nodes": n_nodes, "pods": n_pods, "seconds": round(dt, 3), "unapplied": bad,
-            "held": len(view.state.pods)}
+    view.reset(nodes, other_pods(nodes, 100_000))
+    out: dict[str, float] = {}
+    for label, target in (("gpu_node", nodes), ("node_without_gpus", [
+            {"metadata": {"name": f"cpu-{i}"}} for i in range(100)])):
+        ps = other_pods(target, n, seed=9)
+        for p in ps:
+            p["metadata"]["name"] += "-ev"
+        t0 = time.perf_counter()
+        for p in ps:
+            view.upsert_pod(p)
+        for p in ps:
+            view.delete_pod(p)
+        out[f"{label}_us"] = round(1e6 * (time.perf_counter() - t0) / (2 * n), 2)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -439,6 +525,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="pods driven first and not measured (default 1000)")
     p.add_argument("--inflight", type=int, default=16, help="binds in flight at once")
     p.add_argument("--rebuild-pods", type=int, default=100_000)
+    p.add_argument("--other-pods", type=int, default=100_000,
+                   help="pods without GPUs on the nodes in the second run of the scheduler "
+                        "scenarios and of the rebuild (0: skip that run)")
     p.add_argument("--candidates", choices=["all", "scheduler", "both"], default="both")
     p.add_argument("--no-graded", action="store_true",
                    help="skip the scenario with --graded-scores (scheduler lists)")
@@ -451,12 +540,24 @@ def main(argv: list[str] | None = None) -> int:
                               "policy": f"default ({resolve('default')})", "scenarios": []}
     for m in modes:
         result["scenarios"].append(run_scenario(a.nodes, a.pods, m, a.inflight, a.warmup))
+        if m == "scheduler" and a.other_pods:  # the same with CPU and memory counted
+            result["scenarios"].append(run_scenario(a.nodes, a.pods, m, a.inflight, a.warmup,
+                                                    others=a.other_pods))
         if m == "scheduler" and not a.no_graded:  # the same with every node scored
             result["scenarios"].append(run_scenario(a.nodes, a.pods, m, a.inflight, a.warmup,
                                                     graded=True))
     result["scenarios"].append(direct(a.nodes, pods(a.pods + a.warmup), a.warmup))
+    if a.other_pods:
+        for host in ("template", "random"):
+            result["scenarios"].append(direct(
+                a.nodes, pods(a.pods + a.warmup, host=host), a.warmup, others=a.other_pods,
+                label=f", +{a.other_pods:,} non-GPU pods, GPU pods with CPU/memory ({host})"))
     if a.rebuild_pods:
-        result["rebuild"] = rebuild_time(a.nodes, a.rebuild_pods)
+        result["rebuild"] = [rebuild_time(a.nodes, a.rebuild_pods)]
+        if a.other_pods:
+            result["rebuild"].append(rebuild_time(a.nodes, a.rebuild_pods, a.other_pods))
+    if a.other_pods:
+        result["non_gpu_pod_event"] = event_cost(a.nodes)
     if a.json:
         print(json.dumps(result, indent=2))
     else:
@@ -464,9 +565,11 @@ def main(argv: list[str] | None = None) -> int:
             lat = s["latency_ms"]
             print(f"{s['candidates']}: {s['pods_per_s']} pods/s; "
                   + "; ".join(f"{v} p50 {x['p50']} ms p99 {x['p99']} ms" for v, x in lat.items()))
-        if "rebuild" in result:
-            r = result["rebuild"]
-            print(f"rebuild: {r['pods']} pods on {r['nodes']} nodes in {r['seconds']} s")
+        for r in result.get("rebuild", []):
+            print(f"rebuild: {r['pods']} GPU pods + {r['other_pods']} others on {r['nodes']} "
+                  f"nodes in {r['seconds']} s")
+        if "non_gpu_pod_event" in result:
+            print(f"watch event of a pod without GPUs: {result['non_gpu_pod_event']}")
     return 0
 
 

@@ -38,9 +38,11 @@ def pod(name: str, *, namespace: str = "default", mem: int | str | None = None,
         topology: int | str | None = None, gpu_count: int | str | None = None,
         containers: Sequence[Mapping[str, Any]] | None = None,
         scheduler: str = names.CO_SCHEDULER_NAME, uid: str | None = None,
-        node_name: str = "", annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
+        node_name: str = "", annotations: Mapping[str, str] | None = None,
+        cpu: str | None = None, memory: str | None = None) -> dict[str, Any]:
     """A Pod with one container asking for the given GPU resources (limits), or with the given
-    ``containers`` (each a mapping of resource name → value)."""
+    ``containers`` (each a mapping of resource name → value); ``cpu`` and ``memory``, when
+    given, are the first container's requests."""
     if containers is None:
         lim: dict[str, Any] = {}
         if mem is not None:
@@ -62,6 +64,9 @@ def pod(name: str, *, namespace: str = "default", mem: int | str | None = None,
             for i, lim in enumerate(containers)
         ],
     }
+    host = {k: v for k, v in (("cpu", cpu), ("memory", memory)) if v is not None}
+    if host:
+        spec["containers"][0]["resources"]["requests"] = host
     if node_name:
         spec["nodeName"] = node_name
     return {

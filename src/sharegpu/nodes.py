@@ -8,6 +8,8 @@
 - GPUs: ``sharegpu.io/gpu-mem`` lists each GPU's GiB (GPUs of one node may differ); without it
   ``aliyun.com/gpu-mem`` is split evenly over ``aliyun.com/gpu-count`` GPUs.
 - Card model: the ``aliyun.accelerator/nvidia_name`` label.
+- CPU and memory: ``status.allocatable`` (:func:`sharegpu.hostresources.node_allocatable`;
+  unknown when absent or malformed).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 from . import names
 from .errors import ValidationError
+from .hostresources import node_allocatable
 from .modes import Mode, node_placement, parse_mode
 from .quantity import lenient_whole
 from .state import NodeSpec
@@ -121,6 +124,7 @@ def spec_from_node(node: Mapping[str, Any]) -> NodeSpec | None:
             found = a.get("address", "")
             address = found if isinstance(found, str) else ""
             break
+    cpu, mem_mib, _problems = node_allocatable(node)
     return NodeSpec(
         name=str(name),
         gpu_mem=mem,
@@ -129,4 +133,6 @@ def spec_from_node(node: Mapping[str, Any]) -> NodeSpec | None:
         model=str(labels.get(names.LABEL_CARD_NAME, "")),
         links=links,
         address=address,
+        cpu_milli=cpu,
+        mem_mib=mem_mib,
     )

@@ -49,8 +49,9 @@ class ContainerRequest:
 
 @dataclass(frozen=True, slots=True)
 class PodRequest:
-    """A pod's GPU request plus the host resources the simulator checks (a cluster leaves those
-    to kube-scheduler and sets them to 0)."""
+    """A pod's GPU request plus its host CPU (millicores) and memory (MiB). :func:`parse_pod`
+    reads the GPU request alone (0 for CPU and memory); the extender adds the host request
+    (:mod:`sharegpu.hostresources`), the simulator takes it from the trace."""
 
     namespace: str
     name: str

@@ -7,8 +7,10 @@ and the per-node rule that pods asking for memory only and pods asking for memor
 not share a node. A node's ``version`` grows on every change, so policies can cache per node.
 
 Memory units are whatever the adapter chose: GiB in a cluster, milli-GPU (1000 a card) in the
-simulator. Host CPU and memory are only tracked when the node declares them (the simulator);
-a cluster leaves them to kube-scheduler.
+simulator. Host CPU (millicores) and memory (MiB) are tracked when the node declares them (the
+simulator's trace, a cluster node's ``status.allocatable``); unknown, they never refuse a pod.
+Pods that the state does not place (in a cluster: pods without GPUs, bound by kube-scheduler)
+use host CPU and memory too: :meth:`charge_host` counts them per node.
 """
 
 from __future__ import annotations
@@ -112,6 +114,9 @@ class ClusterState:
         self.cpu_free = grow1(g("cpu_free"), np.int64)
         self.mem_cap = grow1(g("mem_cap"), np.int64)
         self.mem_free = grow1(g("mem_free"), np.int64)
+        # host CPU and memory of pods the state does not place (charge_host), per node
+        self.cpu_other = grow1(g("cpu_other"), np.int64)
+        self.mem_other = grow1(g("mem_other"), np.int64)
         self.model = grow1(g("model"), np.int32)
         self.mode = grow1(g("mode"), np.int8)
         self.gpu_count = grow1(g("gpu_count"), np.int32)
@@ -168,8 +173,8 @@ class ClusterState:
         self.active[i] = True
         self.cpu_cap[i] = UNBOUNDED if spec.cpu_milli is None else spec.cpu_milli
         self.mem_cap[i] = UNBOUNDED if spec.mem_mib is None else spec.mem_mib
-        self.cpu_free[i] = self.cpu_cap[i]
-        self.mem_free[i] = self.mem_cap[i]
+        self.cpu_free[i] = self.cpu_cap[i] - self.cpu_other[i]
+        self.mem_free[i] = self.mem_cap[i] - self.mem_other[i]
         self.model[i] = self.model_id(spec.model)
         self.mode[i] = _MODE_CODES[spec.mode]
         self.gpu_count[i] = g
@@ -222,6 +227,7 @@ class ClusterState:
         self.gpu_total[i, :] = 0
         self.core_free[i, :] = 0
         self.free_sum[i] = self.total_sum[i] = 0
+        self.cpu_other[i] = self.mem_other[i] = 0
         self.specs[i] = None
         self.version[i] += 1
         return keys
@@ -363,13 +369,15 @@ class ClusterState:
         return bool(self.node_mask(req, row)[0]) and assign(self, req, node, "bestfit") is not None
 
     # -- changes ------------------------------------------------------------------------------
-    def _check(self, req: PodRequest, i: int, alloc: Allocation) -> None:
-        """Raise PlacementError unless ``alloc`` fits node ``i`` for ``req``."""
+    def _check(self, req: PodRequest, i: int, alloc: Allocation, check_host: bool = True) -> None:
+        """Raise PlacementError unless ``alloc`` fits node ``i`` for ``req`` (its host CPU
+        and memory too, unless not ``check_host``)."""
         spec = self.specs[i]
         if spec is None or not self.active[i]:
             raise PlacementError(f"{req.key}: node slot {i} is not active")
-        if not bool(self.node_mask(req, slice(i, i + 1))[0]):
-            reason = self.explain(req, i) or "node does not admit the pod"
+        admit = req if check_host else without_host(req)
+        if not bool(self.node_mask(admit, slice(i, i + 1))[0]):
+            reason = self.explain(admit, i) or "node does not admit the pod"
             raise PlacementError(f"{req.key} on {spec.name}: {reason}")
         g = int(self.gpu_count[i])
         mem = alloc.per_gpu_mem()
@@ -439,19 +447,35 @@ class ClusterState:
             self._node_pods[i].discard(r.request.key)
         self.version[i] += 1
 
-    def reserve(self, req: PodRequest, node: int | str, alloc: Allocation) -> Reservation:
-        """Hold ``alloc`` on ``node`` for the pod. Raises PlacementError (state unchanged)."""
+    def reserve(self, req: PodRequest, node: int | str, alloc: Allocation, *,
+                check_host: bool = True) -> Reservation:
+        """Hold ``alloc`` on ``node`` for the pod. Raises PlacementError (state unchanged).
+        ``check_host=False`` (a pod already bound, read back) takes its host CPU and memory
+        even where they exceed what is free: the pod runs, whatever the count says."""
         i = self.index[node] if isinstance(node, str) else node
         if req.key in self.pods:
             raise PlacementError(f"{req.key}: already placed on {self.pods[req.key].node}")
         alloc = whole_card_allocation(self, req, i, alloc)
-        self._check(req, i, alloc)
+        self._check(req, i, alloc, check_host)
         spec = self.specs[i]
         assert spec is not None
         r = Reservation(req, spec.name, alloc)
         self._apply(r, +1)
         self.pods[req.key] = r
         return r
+
+    def charge_host(self, node: int | str, cpu_milli: int, mem_mib: int) -> None:
+        """Count host CPU and memory used on ``node`` by pods the state does not place (a
+        negative amount gives it back). They may exceed what is free (then nothing that needs
+        CPU or memory fits there); they survive node updates and go with the node."""
+        i = self.index[node] if isinstance(node, str) else node
+        if not cpu_milli and not mem_mib:
+            return
+        self.cpu_other[i] += cpu_milli
+        self.mem_other[i] += mem_mib
+        self.cpu_free[i] -= cpu_milli
+        self.mem_free[i] -= mem_mib
+        self.version[i] += 1
 
     def charge_unseen(self, req: PodRequest, node: int | str) -> Reservation | None:
         """Hold what a pod without a recorded decision may use on ``node``, conservatively: we
@@ -502,25 +526,32 @@ class ClusterState:
         node. Where a node's pods fit together (the sums of what they hold do not depend on the
         order), they are applied in one pass; on a node where they do not, they are reserved one
         by one with :meth:`reserve`, so exactly the ones that over-commit are reported, never
-        applied. Returns (pod key, reason) for each record not applied."""
+        applied. Host CPU and memory are taken even beyond what is free (the pods run).
+        Returns (pod key, reason) for each record not applied."""
         problems: list[tuple[str, str]] = []
         groups: dict[int, list[tuple[PodRequest, Allocation]]] = {}
         seen: set[str] = set()
+        index, pods = self.index, self.pods
         for req, node, alloc in placed:
-            i = self.index.get(node)
+            i = index.get(node)
+            key = req.key
             if i is None:
-                problems.append((req.key, f"node {node!r} is unknown"))
-            elif req.key in self.pods or req.key in seen:
-                problems.append((req.key, "placed twice"))
+                problems.append((key, f"node {node!r} is unknown"))
+            elif key in pods or key in seen:
+                problems.append((key, "placed twice"))
             else:
-                seen.add(req.key)
-                groups.setdefault(i, []).append((req, alloc))
+                seen.add(key)
+                group = groups.get(i)
+                if group is None:
+                    groups[i] = [(req, alloc)]
+                else:
+                    group.append((req, alloc))
         for i, group in groups.items():
             if self._restore_node(i, group):
                 continue
             for req, alloc in group:
                 try:
-                    self.reserve(req, i, alloc)
+                    self.reserve(req, i, alloc, check_host=False)
                     self.bind(req.key)
                 except PlacementError as e:
                     problems.append((req.key, str(e)))
@@ -551,6 +582,25 @@ class ClusterState:
             kinds.add(req.kind)
             cpu += req.cpu_milli
             mem += req.mem_mib
+            cs, held = req.containers, alloc.mem
+            if len(cs) == 1 and len(held) == 1 and not cs[0].whole:
+                # the common case, one shared container: the same rules, without the sums
+                c = cs[0]
+                got = held.get(c.index)
+                if got is None or len(got) != c.gpus:
+                    return False
+                for gpu, v in got.items():
+                    if not 0 <= gpu < g or v != c.gpu_mem:
+                        return False
+                    free[gpu] -= v
+                    pods[gpu] += 1
+                for per in alloc.core.values():
+                    for gpu, v in per.items():
+                        if not 0 <= gpu < g:
+                            return False
+                        core[gpu] -= v
+                done.append(Reservation(req, spec.name, alloc, bound=True))
+                continue
             if any(c.whole for c in req.containers):
                 alloc = whole_card_allocation(self, req, i, alloc)
             for c in req.containers:
@@ -572,11 +622,14 @@ class ClusterState:
                 if not 0 <= gpu < g:
                     return False
                 core[gpu] -= v
-            for gpu in {x for per in alloc.mem.values() for x in per}:
-                pods[gpu] += 1
+            held = alloc.mem
+            if len(held) == 1:  # one container: its GPUs are distinct already
+                for gpu in next(iter(held.values())):
+                    pods[gpu] += 1
+            else:
+                for gpu in {x for per in held.values() for x in per}:
+                    pods[gpu] += 1
             done.append(Reservation(req, spec.name, alloc, bound=True))
-        if cpu > self.cpu_free[i] or mem > self.mem_free[i]:
-            return False
         if Kind.SHARED in kinds and (Kind.SHARED_CORE in kinds or self.pods_mem_core[i]):
             return False
         if Kind.SHARED_CORE in kinds and self.pods_mem_only[i]:
@@ -592,13 +645,19 @@ class ClusterState:
         self.free_sum[i] = sum(free)
         self.cpu_free[i] -= cpu
         self.mem_free[i] -= mem
+        node_pods, all_pods = self._node_pods[i], self.pods
+        mem_only = mem_core = 0
         for r in done:
-            if r.request.kind is Kind.SHARED:
-                self.pods_mem_only[i] += 1
-            elif r.request.kind is Kind.SHARED_CORE:
-                self.pods_mem_core[i] += 1
-            self._node_pods[i].add(r.request.key)
-            self.pods[r.request.key] = r
+            kind = r.request.kind
+            if kind is Kind.SHARED:
+                mem_only += 1
+            elif kind is Kind.SHARED_CORE:
+                mem_core += 1
+            key = r.request.key
+            node_pods.add(key)
+            all_pods[key] = r
+        self.pods_mem_only[i] += mem_only
+        self.pods_mem_core[i] += mem_core
         self.version[i] += 1
         return True
 
@@ -645,6 +704,14 @@ class ClusterState:
         return float((self.gpu_total[:n] - self.gpu_free[:n]).sum()) / total
 
 
+def without_host(req: PodRequest) -> PodRequest:
+    """The pod's request without its host CPU and memory (its GPU request alone)."""
+    if not req.cpu_milli and not req.mem_mib:
+        return req
+    return PodRequest(req.namespace, req.name, req.kind, req.containers, uid=req.uid,
+                      models=req.models, labels=req.labels)
+
+
 def whole_card_allocation(
     state: ClusterState, req: PodRequest, node: int, alloc: Allocation
 ) -> Allocation:
@@ -679,7 +746,7 @@ def rebuild(
             problems.append((req.key, f"node {node!r} is unknown"))
             continue
         try:
-            state.reserve(req, node, alloc)
+            state.reserve(req, node, alloc, check_host=False)
             state.bind(req.key)
         except PlacementError as e:
             problems.append((req.key, str(e)))

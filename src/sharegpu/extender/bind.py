@@ -21,7 +21,7 @@ from typing import Any
 
 from ..annotations import encode
 from ..errors import PlacementError, ValidationError
-from ..request import PodRequest, parse_pod
+from ..request import PodRequest
 from .kube import ApiError, KubeApi
 from .view import ClusterView
 from .wire import BindingArgs
@@ -90,7 +90,7 @@ class Binder:
                 return BindOutcome(args.node, (), already=True)
             raise BindError("bound-elsewhere", f"pod {args.key} is already bound to {bound_to}")
         try:
-            req = parse_pod(pod)
+            req = self.view().reader.request(pod)  # with its host CPU and memory
         except ValidationError as e:
             raise BindError("invalid-request", str(e)) from None
         return req, str(meta.get("uid", "")), str(meta.get("resourceVersion", ""))

@@ -208,20 +208,25 @@ class Informer:
         from the view's own record (the list may predate them: created, bound or deleted
         since)."""
         from ..errors import PlacementError, ValidationError
-        from ..pods import placement_of, unannotated_gpu_pod
+        from ..hostresources import charges_node
 
         view = self.view
         specs = [s for s in view.state.specs if s is not None]
         placed = []
         unseen = []
+        # bound, live pods with their host CPU and memory (charged unless held with GPUs)
+        host: list[tuple[str, str, int, int]] = []
         for obj in pods:
             meta = obj.get("metadata") or {}
             key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
             if key in view.inflight or key in changed:
                 continue
+            node = charges_node(obj)
+            if node:
+                host.append((key, node, *view.reader.host(obj)))
             try:
-                p = placement_of(obj) or view.known_bound(obj)
-                u = None if p is not None else unannotated_gpu_pod(obj)
+                p = view.reader.placement(obj) or view.known_bound(obj)
+                u = None if p is not None else view.reader.unannotated(obj)
             except ValidationError:
                 continue
             if p is not None:
@@ -236,6 +241,8 @@ class Informer:
                 placed.append(view.placed[key])
             elif key in view.unseen and held is not None:
                 unseen.append((held.request, held.node))
+            if key in view.host:
+                host.append((key, *view.host[key]))
         fresh = ClusterState(specs)
         fresh.restore(placed)
         for req, node in unseen:  # charged after every recorded decision, as a rebuild does
@@ -244,7 +251,10 @@ class Informer:
                     fresh.charge_unseen(req, node)
         for r in view.inflight.values():
             with contextlib.suppress(PlacementError, KeyError):
-                fresh.reserve(r.request, r.node, r.alloc)
+                fresh.reserve(r.request, r.node, r.alloc, check_host=False)
+        for key, node, cpu, mem in host:
+            if key not in fresh.pods and node in fresh.index:
+                fresh.charge_host(node, cpu, mem)
         a, b = fresh.fingerprint(), view.state.fingerprint()
         diff: set[str] = set()
         for node in set(a) | set(b):

@@ -7,20 +7,27 @@ What a pod holds comes from its annotations once it is bound (:func:`sharegpu.po
 the binder's own reservations are *in flight* until the binding is created, and events for an
 in-flight pod do not touch its reservation. ``nodeName`` never changes once set, so an event that
 shows a pod unbound after the view saw it bound is stale and ignored.
+
+Host CPU and memory (:mod:`sharegpu.hostresources`): a GPU pod's request carries its CPU and
+memory, so the state charges them with its GPUs; every other bound, live pod (no GPU, or a GPU
+pod the state does not hold) is in the *host ledger* (``host``), charged per node with
+:meth:`ClusterState.charge_host`. A pod is in exactly one of the two.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from itertools import compress
 from operator import itemgetter
 from typing import Any
 
 import numpy as np
 
-from .. import names
+from .. import hostresources, names
 from ..annotations import Allocation, decode
 from ..errors import PlacementError, ValidationError
 from ..modes import Mode
@@ -30,10 +37,10 @@ from ..placement.fragmentation import Shape, TargetWorkload
 from ..placement.moves import has_fast_path
 from ..placement.nodecache import ShapeCache
 from ..placement.rowmemo import unique_keys
-from ..pods import is_terminated, node_of, unannotated_gpu_pod
+from ..pods import is_terminated, node_of
 from ..request import Kind, PodRequest, parse_pod
 from ..scheduler import Scheduler
-from ..state import _KIND_MODES, _MODE_CODES, ClusterState, NodeSpec, Reservation
+from ..state import _KIND_MODES, _MODE_CODES, ClusterState, NodeSpec, Reservation, without_host
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +51,8 @@ ROW_LOCAL_POLICIES = frozenset({"fgd", "strand"})
 
 
 def shape_of(req: PodRequest, alloc: Allocation) -> Shape | None:
-    """The FGD shape of a placed pod: GPU per GPU of its first container and how many GPUs."""
+    """The FGD shape of a placed pod: its CPU, GPU per GPU of its first container and how many
+    GPUs (as the simulator's trace shapes)."""
     if not req.containers:
         return None
     c = req.containers[0]
@@ -52,7 +60,7 @@ def shape_of(req: PodRequest, alloc: Allocation) -> Shape | None:
     if not per:
         return None
     models = "|".join(sorted(req.models)) if req.models else ""
-    return (0, int(max(per.values())), len(per), models)
+    return (req.cpu_milli, int(max(per.values())), len(per), models)
 
 
 def default_workload(state: ClusterState) -> TargetWorkload:
@@ -67,64 +75,138 @@ def default_workload(state: ClusterState) -> TargetWorkload:
 
 def request_key(req: PodRequest) -> tuple[Any, ...]:
     return (
-        req.kind,
+        req.kind, req.cpu_milli, req.mem_mib,
         tuple((c.gpu_mem, c.gpu_core, c.gpus, c.whole) for c in req.containers),
         tuple(sorted(req.models)) if req.models is not None else None,
     )
 
 
 class PlacementReader:
-    """:func:`sharegpu.pods.placement_of` with its two pure steps memoised: pods made from one
-    template share a parsed request, and equal annotation values share a decoded allocation
-    (a rebuild reads 100,000 pods). The core functions stay the only place of the rules."""
+    """:func:`sharegpu.pods.placement_of` with its pure steps memoised: pods made from one
+    template (equal labels' GPU count and equal containers, init containers, overhead and
+    pod-level resources) share one parsed GPU request and one host CPU and memory request,
+    and equal annotation values share a decoded allocation (a rebuild reads 200,000 pods). The
+    core functions (:func:`sharegpu.request.parse_pod`,
+    :func:`sharegpu.hostresources.pod_request`) stay the only place of the rules.
+
+    Requests carry the pod's host CPU and memory; a malformed CPU or memory quantity (an API
+    server never stores one) counts as none, and ``on_problem`` is told."""
 
     _ANNS = (names.ANN_ALLOCATION, names.ANN_CORE, names.ANN_MEM_IDX, names.ANN_MEM_POD)
 
     def __init__(self, size: int = 4096) -> None:
         self.size = size
-        self._req: dict[tuple[Any, ...], PodRequest] = {}
+        # template key -> (GPU request or why it is refused, (CPU millicores, memory MiB))
+        self._tmpl: dict[tuple[Any, ...], tuple[PodRequest | ValidationError, tuple[int, int]]]
+        self._tmpl = {}
         self._alloc: dict[tuple[Any, ...], Allocation | None] = {}
+        self._last: tuple[Any, tuple[PodRequest | ValidationError, tuple[int, int]]] | None
+        self._last = None
+        self.on_problem: Callable[[str, str], None] | None = None
+
+    @staticmethod
+    def _template_key(obj: Mapping[str, Any]) -> tuple[Any, ...] | None:
+        """Equal for pods whose GPU and host requests are equal; ``None`` for a pod that
+        cannot be keyed (then it is parsed, and refused where it breaks a rule)."""
+        try:
+            spec = obj["spec"]
+            labels = obj["metadata"].get("labels") or {}
+            parts: list[Any] = [labels.get(names.POD_LABEL_GPU_COUNT)]
+            for c in spec["containers"]:
+                res = c.get("resources") or {}
+                lim, req = res.get("limits") or {}, res.get("requests") or {}
+                "".join((*lim.values(), *req.values()))  # str only: 1 == 1.0 == True
+                parts.append((c.get("name"), tuple(lim.items()), tuple(req.items())))
+            inits = spec.get("initContainers")
+            if inits:
+                parts.append(hostresources.pod_request_key(obj))
+                for c in inits:  # their GPU resources are refused: key them as well
+                    res = c.get("resources") or {}
+                    "".join((res.get("limits") or {}).values())
+                    "".join((res.get("requests") or {}).values())
+            elif spec.get("overhead") or spec.get("resources"):
+                parts.append(hostresources.pod_request_key(obj))
+            key = tuple(parts)
+            hash(key)
+            return key
+        except (AttributeError, KeyError, TypeError, ValueError):
+            return None
+
+    def _template(
+        self, obj: Mapping[str, Any]
+    ) -> tuple[PodRequest | ValidationError, tuple[int, int]]:
+        last = self._last
+        if last is not None and last[0] is obj:
+            return last[1]
+        key = self._template_key(obj)
+        hit = self._tmpl.get(key) if key is not None else None
+        if hit is None:
+            base: PodRequest | ValidationError
+            try:
+                base = parse_pod(obj)
+            except ValidationError as e:
+                base = e
+            try:
+                host = hostresources.pod_request(obj)
+            except ValidationError as e:
+                if self.on_problem is not None:
+                    self.on_problem(_key(obj), f"CPU/memory request not counted: {e}")
+                host = (0, 0)
+            hit = (base, host)
+            if key is not None:
+                if len(self._tmpl) >= self.size:
+                    self._tmpl.clear()
+                self._tmpl[key] = hit
+        self._last = (obj, hit)
+        return hit
+
+    def host(self, obj: Mapping[str, Any]) -> tuple[int, int]:
+        """(CPU millicores, memory MiB) the pod uses where it is bound."""
+        return self._template(obj)[1]
+
+    def wants_gpu(self, obj: Mapping[str, Any]) -> bool:
+        """Whether the pod asks for GPU resources (ValidationError when its request is
+        refused)."""
+        base = self._template(obj)[0]
+        if isinstance(base, ValidationError):
+            raise base
+        return base.wants_gpu
 
     def request(self, obj: Mapping[str, Any]) -> PodRequest:
         spec = obj.get("spec") or {}
         meta = obj.get("metadata") or {}
         if not isinstance(spec, Mapping) or not isinstance(meta, Mapping):
             return parse_pod(obj)  # refuses it, naming the field
-        containers = spec.get("containers")
         labels = meta.get("labels") or {}
-        if (spec.get("initContainers") or not isinstance(containers, list)
-                or not isinstance(labels, Mapping)):
-            return parse_pod(obj)
-        parts: list[Any] = [labels.get(names.POD_LABEL_GPU_COUNT)]
-        try:
-            for c in containers:
-                res = c.get("resources") or {}
-                lim, req = res.get("limits") or {}, res.get("requests") or {}
-                parts.append(c.get("name"))
-                for r in names.ALL_GPU_RESOURCES:
-                    if r in lim or r in req:
-                        parts.append((r, str(lim.get(r)), str(req.get(r))))
-            key = tuple(parts)
-            hash(key)
-        except (AttributeError, TypeError, ValueError):
-            return parse_pod(obj)
-        if not all(isinstance(meta.get(k) or "", str) for k in ("name", "namespace", "uid")):
+        ns, name, uid = meta.get("namespace") or "default", meta.get("name") or "", meta.get(
+            "uid") or ""
+        if (not isinstance(labels, Mapping) or type(ns) is not str or type(name) is not str
+                or type(uid) is not str):
             return parse_pod(obj)  # refuses it, naming the field
-        base = self._req.get(key)
-        if base is None:
-            base = parse_pod(obj)
-            if len(self._req) >= self.size:
-                self._req.clear()
-            self._req[key] = base
-        return PodRequest(namespace=str(meta.get("namespace") or "default"),
-                          name=str(meta.get("name") or ""), kind=base.kind,
-                          containers=base.containers, uid=str(meta.get("uid") or ""),
+        base, (cpu, mem) = self._template(obj)
+        if isinstance(base, ValidationError):
+            raise base
+        return PodRequest(ns, name, base.kind, base.containers, uid, cpu, mem,
                           labels=dict(labels))
 
+    def unannotated(self, obj: Mapping[str, Any]) -> tuple[PodRequest, str] | None:
+        """Same answer as :func:`sharegpu.pods.unannotated_gpu_pod` (with the host request)."""
+        node = hostresources.charges_node(obj)
+        anns = (obj.get("metadata") or {}).get("annotations") or {}
+        if not node or self.allocation(anns) is not None:
+            return None
+        if not self.wants_gpu(obj):
+            return None
+        return self.request(obj), node
+
     def allocation(self, annotations: Mapping[str, str]) -> Allocation | None:
-        key = tuple(annotations.get(k) for k in self._ANNS)
-        if key in self._alloc:
+        get = annotations.get
+        a, b, c, d = self._ANNS
+        key = (get(a), get(b), get(c), get(d))
+        try:
             return self._alloc[key]
+        except KeyError:
+            pass
         alloc = decode(annotations)
         if len(self._alloc) >= self.size:
             self._alloc.clear()
@@ -146,7 +228,9 @@ class PlacementReader:
 
 class ClusterView:
     def __init__(self, policy: str = "default", *, workload_refresh: int = 50,
-                 graded: bool = False) -> None:
+                 graded: bool = False, workload: TargetWorkload | None = None) -> None:
+        """``workload``: a fixed target workload for the policy (e.g. the history a simulation
+        ran with), never re-learnt; by default it is learnt from the pods seen."""
         self.policy_name = policy
         self.graded = graded  # prioritize scores every feasible node, not only the pick
         self.policy = get_policy(policy)
@@ -160,7 +244,15 @@ class ClusterView:
         self.unseen: dict[str, str] = {}
         # called with such a pod the first time it is seen (the replica posts an Event)
         self.on_unseen: Callable[[Mapping[str, Any]], None] | None = None
+        self.fixed_workload = workload
+        # bound, live pods whose host CPU and memory the state does not hold with GPUs:
+        # key -> (node, CPU millicores, memory MiB); and their sums per node (every node, GPU
+        # or not, so a node that becomes a GPU node starts with what already runs there)
+        self.host: dict[str, tuple[str, int, int]] = {}
+        self.host_sum: dict[str, list[int]] = {}
         self.shapes: Counter[Shape] = Counter()
+        # the same pods by (shape, host memory MiB): the history the workload is learnt from
+        self.history: Counter[tuple[Shape, int]] = Counter()
         self._shape_of: dict[str, Shape] = {}  # live pods already counted in ``shapes``
         self._seen = 0  # pods counted in ``shapes`` (the history the workload is learnt from)
         self._shapes_at_prepare = -1
@@ -184,6 +276,7 @@ class ClusterView:
         # or learnt about since the check began, which its list may show as they were before
         self._change_logs: list[set[str]] = []
         self.reader = PlacementReader()
+        self.reader.on_problem = self._problem
         # FGD and strand score a node from that node's row alone, so their scores can be kept
         # per request shape until the node changes (they cache their common shapes themselves;
         # this covers compute, whole-card and multi-container requests)
@@ -199,8 +292,13 @@ class ClusterView:
         state), a workload that barely moved (total variation below 5 %) is not handed over
         again, since that would drop the policy's caches for nothing."""
         total = self._seen
-        if total:
-            workload = TargetWorkload.from_shapes(self.shapes.elements())
+        if self.fixed_workload is not None:
+            workload = self.fixed_workload
+        elif total:
+            # every pod's shape with its host memory, as the simulator's history has them
+            pods = list(self.history.elements())
+            workload = TargetWorkload.from_shapes([t for t, _ in pods],
+                                                  mem=[m for _, m in pods])
         else:
             workload = default_workload(self.state)
         self._shapes_at_prepare = total
@@ -212,11 +310,16 @@ class ClusterView:
         if self._scores is not None:
             self._scores = ShapeCache({"score": np.float64})
 
+    def use_workload(self, workload: TargetWorkload | None) -> None:
+        """Fix the policy's target workload (``None``: learn it from the pods seen again)."""
+        self.fixed_workload = workload
+        self._prepare()
+
     def maybe_refresh_workload(self) -> None:
         """Re-learn the target workload from the pods seen: first after ``workload_refresh``
         pods, then each time their number doubled."""
         total = self._seen
-        if total < self.workload_refresh:
+        if total < self.workload_refresh or self.fixed_workload is not None:
             return
         if self._shapes_at_prepare < self.workload_refresh:
             self._prepare()
@@ -231,6 +334,7 @@ class ClusterView:
             self._shape_of[key] = s
             self._seen += 1
             self.shapes[s] += 1
+            self.history[(s, req.mem_mib)] += 1
 
     def _problem(self, key: str, reason: str) -> None:
         self.problems[key] = reason
@@ -244,6 +348,11 @@ class ClusterView:
         """Rebuild everything from listed Node and Pod objects (start, relist after 410 Gone,
         repair after a failed consistency check). In-flight reservations are kept. Returns the
         number of pods whose annotations could not be applied."""
+        with _gc_paused():
+            return self._reset(nodes, pods)
+
+    def _reset(self, nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]
+               ) -> int:
         state = ClusterState()
         specs: dict[str, NodeSpec] = {}
         for obj in nodes:
@@ -254,21 +363,47 @@ class ClusterView:
         placed: dict[str, Placed] = {}
         records: list[Placed] = []
         unseen: list[Mapping[str, Any]] = []
+        # bound, live pods: (key, node, CPU, memory)
+        on_nodes: list[tuple[str, str, int, int]] = []
+        listed: list[str] = []
+        tracking = bool(self._change_logs)
+        reader, inflight = self.reader, self.inflight
         bad = 0
-        for obj in pods:
-            key = _key(obj)
-            if key in self.inflight:
+        for obj in pods:  # the same answers as placement_of, known_bound, unannotated_gpu_pod
+            meta = obj.get("metadata") or {}
+            key = f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
+            if tracking:
+                listed.append(key)
+            if is_terminated(obj):
+                continue  # holds nothing, uses nothing
+            node = node_of(obj)
+            if key in inflight:
+                if node:
+                    on_nodes.append((key, node, *reader.host(obj)))
                 continue
             try:
-                p = self.reader.placement(obj)
+                alloc = reader.allocation(meta.get("annotations") or {})
+                p = (reader.request(obj), node, alloc) if alloc is not None and node else None
             except ValidationError as e:
                 self._problem(key, f"unreadable GPU annotations or request: {e}")
                 bad += 1
+                if node:
+                    on_nodes.append((key, node, *reader.host(obj)))
                 continue
+            if not node:
+                if p is None:
+                    p = self.known_bound(obj)
+            else:
+                cpu, mem = reader.host(obj)
+                on_nodes.append((key, node, cpu, mem))
             if p is None:
-                p = self.known_bound(obj)
-            if p is None:
-                unseen.append(obj)
+                if node:
+                    try:
+                        gpu = reader.wants_gpu(obj)
+                    except ValidationError:
+                        gpu = False
+                    if gpu:  # a GPU pod without a decision: charged below
+                        unseen.append(obj)
                 continue
             placed[key] = p
             if p[1] in state.index:  # else applied when the node appears
@@ -279,17 +414,26 @@ class ClusterView:
             bad += 1
         for key, r in list(self.inflight.items()):
             try:
-                self.inflight[key] = state.reserve(r.request, r.node, r.alloc)
+                self.inflight[key] = state.reserve(r.request, r.node, r.alloc, check_host=False)
             except (PlacementError, KeyError) as e:
                 self._problem(key, f"in-flight reservation dropped on rebuild: {e}")
                 del self.inflight[key]
         if self._change_logs:  # a rebuild during a check: every pod is newer than its list
-            for key in (*self.placed, *self.state.pods, *placed, *map(_key, unseen)):
+            for key in (*self.placed, *self.state.pods, *placed, *listed, *self.host):
                 self._touch(key)
         self.state, self.specs, self.placed = state, specs, placed
+        self.host, self.host_sum = {}, {}
         known, self.unseen = self.unseen, {}
         for obj in unseen:  # after every recorded decision, as the consistency check does
             self._charge_unseen(obj, notify=_key(obj) not in known)
+        # every other bound, live pod: its host CPU and memory, per node
+        held = state.pods
+        for key, node, cpu, mem in on_nodes:
+            if key not in held:
+                self._set_host(key, node, cpu, mem, apply=False)
+        for node, (cpu, mem) in self.host_sum.items():
+            if node in state.index:
+                state.charge_host(node, cpu, mem)
         self._feasible.clear()
         self._nodes_version += 1
         self.scheduler = Scheduler(state, self.policy, tie_break="order")
@@ -297,6 +441,7 @@ class ClusterView:
         self._shape_of.clear()
         self._seen = 0
         self.shapes.clear()
+        self.history.clear()
         for key, (req, _node, alloc) in placed.items():
             self._count_shape(key, req, alloc)
         self._prepare()
@@ -310,7 +455,7 @@ class ClusterView:
         if key in self.state.pods:
             return
         try:
-            got = unannotated_gpu_pod(obj)
+            got = self.reader.unannotated(obj)
         except ValidationError:
             return
         if got is None:
@@ -324,10 +469,47 @@ class ClusterView:
             self._problem(key, f"GPU pod without a scheduling decision not charged: {e}")
             return
         self.unseen[key] = node
+        self._set_host(key, "")
         self._problem(key, f"holds GPU resources on {node} but carries no scheduling decision; "
                            "counted against every GPU of the node until it ends")
         if notify and self.on_unseen is not None:
             self.on_unseen(obj)
+
+    # -- host CPU and memory of the pods the state does not hold ---------------
+    def _set_host(self, key: str, node: str, cpu: int = 0, mem: int = 0, *,
+                  apply: bool = True) -> None:
+        """Record that pod ``key`` uses ``cpu`` and ``mem`` on ``node`` outside the state's
+        reservations (``node`` "": nothing), charging the state's node by the difference."""
+        new = (node, cpu, mem) if node and (cpu or mem) else None
+        old = self.host.get(key)
+        if old == new:
+            return
+        for rec, sign in ((old, -1), (new, 1)):
+            if rec is None:
+                continue
+            n, c, m = rec
+            total = self.host_sum.get(n)
+            if total is None:
+                total = self.host_sum[n] = [0, 0]
+            total[0] += sign * c
+            total[1] += sign * m
+            if not total[0] and not total[1]:
+                del self.host_sum[n]
+            if apply and n in self.state.index:
+                self.state.charge_host(n, sign * c, sign * m)
+        if new is None:
+            del self.host[key]
+        else:
+            self.host[key] = new
+
+    def _sync_host(self, key: str, obj: Mapping[str, Any]) -> None:
+        """After an event for a pod: in the host ledger exactly when it is bound, live and
+        not held by the state."""
+        node = hostresources.charges_node(obj)
+        if not node or key in self.state.pods:
+            self._set_host(key, "")
+        else:
+            self._set_host(key, node, *self.reader.host(obj))
 
     def known_bound(self, obj: Mapping[str, Any]) -> Placed | None:
         """Our placement of a pod that a list shows unbound though this view saw it bound
@@ -344,7 +526,12 @@ class ClusterView:
     def _spec(self, obj: Mapping[str, Any]) -> NodeSpec | None:
         name = str((obj.get("metadata") or {}).get("name") or "")
         try:
-            return spec_from_node(obj)
+            spec = spec_from_node(obj)
+            if spec is not None and (spec.cpu_milli is None or spec.mem_mib is None):
+                problem = "; ".join(hostresources.node_allocatable(obj)[2])
+                if problem and self.problems.get(f"node/{name}") != problem:
+                    self._problem(f"node/{name}", problem)  # once, not at every status update
+            return spec
         except ValidationError as e:
             self._problem(f"node/{name}", str(e))
             # keep the last good view of the node rather than dropping its pods
@@ -368,6 +555,8 @@ class ClusterView:
         self.specs[name] = spec
         self._nodes_version += 1
         if fresh:
+            cpu, mem = self.host_sum.get(name, (0, 0))
+            self.state.charge_host(name, cpu, mem)
             for key, (req, node, alloc) in self.placed.items():
                 if node == name and key not in self.state.pods:
                     self._hold(key, req, node, alloc)
@@ -384,11 +573,13 @@ class ClusterView:
     # -- pods ---------------
     def _hold(self, key: str, req: PodRequest, node: str, alloc: Allocation) -> None:
         try:
-            self.state.reserve(req, node, alloc)
+            self.state.reserve(req, node, alloc, check_host=False)
             self.state.bind(key)
             self._count_shape(key, req, alloc)
         except PlacementError as e:
             self._problem(key, f"annotations over-commit: {e}")
+            return
+        self._set_host(key, "")  # its CPU and memory are held with its GPUs now
 
     # -- changes seen during a consistency check ---------------
     def track_changes(self) -> set[str]:
@@ -416,7 +607,12 @@ class ClusterView:
             p = self.reader.placement(obj)
         except ValidationError as e:
             self._problem(key, f"unreadable GPU annotations or request: {e}")
+            self._sync_host(key, obj)  # its CPU and memory count all the same
             return
+        self._apply_pod(key, obj, p)
+        self._sync_host(key, obj)
+
+    def _apply_pod(self, key: str, obj: Mapping[str, Any], p: Placed | None) -> None:
         cur = self.state.pods.get(key)
         if p is None:
             if key in self.placed and not (obj.get("spec") or {}).get("nodeName") and not _ended(
@@ -450,6 +646,7 @@ class ClusterView:
         self.placed.pop(key, None)
         self.inflight.pop(key, None)
         self.unseen.pop(key, None)
+        self._set_host(key, "")
         if key in self.state.pods:
             self.scheduler.release(key)
 
@@ -475,10 +672,10 @@ class ClusterView:
         slots = self.slots(names)
         known = slots >= 0
         if known.all():
-            ok = self.feasible(req)[slots]
+            ok = self.feasible_at(req, slots)
         else:
             ok = np.zeros(len(names), dtype=bool)
-            ok[known] = self.feasible(req)[slots[known]]
+            ok[known] = self.feasible_at(req, slots[known])
         passed = list(compress(names, ok.tolist()))
         # the prioritize that follows asks for these names: their slots hold while no node
         # is added, changed or removed
@@ -488,22 +685,51 @@ class ClusterView:
         bad = np.flatnonzero(~ok)
         if len(bad) == 0:
             return passed, failed, unres
-        cache = self._reason_cache(req)
-        version = self.state.version
-        empty_ok = self.fits_empty(req)
-        for j, i in zip(bad.tolist(), slots[bad].tolist(), strict=True):
+        # reasons are kept per GPU request: where the host CPU and memory admit the pod, its
+        # reason is the GPU request's (explain checks them before the GPUs)
+        gpu_req = without_host(req)
+        cache = self._reason_cache(gpu_req)
+        st = self.state
+        at = slots[bad]
+        at_known = np.where(at >= 0, at, 0)
+        version = st.version[at_known].tolist()
+        cpu, mem = req.cpu_milli, req.mem_mib
+        empty_ok = self.fits_empty(gpu_req)[at_known]
+        host_short = np.zeros(len(at), dtype=bool)
+        if cpu or mem:
+            empty_ok &= (st.cpu_cap[at_known] >= cpu) & (st.mem_cap[at_known] >= mem)
+            host_short = (st.cpu_free[at_known] < cpu) | (st.mem_free[at_known] < mem)
+        for j, i, v, empty, short in zip(bad.tolist(), at.tolist(), version,
+                                         empty_ok.tolist(), host_short.tolist(), strict=True):
             name = names[j]
             if i < 0:
                 unres[name] = UNKNOWN_NODE
                 continue
-            hit = cache.get(i)
-            if hit is not None and hit[0] == version[i]:
-                reason = hit[1]
+            if short:
+                reason = st.explain(req, i) or "does not fit"
             else:
-                reason = self.state.explain(req, i) or "does not fit"
-                cache[i] = (int(version[i]), reason)
-            (failed if empty_ok[i] else unres)[name] = reason
+                hit = cache.get(i)
+                if hit is not None and hit[0] == v:
+                    reason = hit[1]
+                else:
+                    reason = st.explain(gpu_req, i) or "does not fit"
+                    cache[i] = (v, reason)
+            (failed if empty else unres)[name] = reason
         return passed, failed, unres
+
+    def feasible_at(self, req: PodRequest, slots: np.ndarray) -> np.ndarray:
+        """The core's feasibility of node ``slots`` (known ones): the GPU request's, kept per
+        GPU request (:meth:`feasible`), and the host CPU and memory's, read afresh (pods
+        differ in CPU and memory far more than in GPU shape)."""
+        if not req.cpu_milli and not req.mem_mib:
+            return self.feasible(req)[slots]
+        st = self.state
+        ok = self.feasible(without_host(req))[slots]
+        if req.cpu_milli:
+            ok &= st.cpu_free[slots] >= req.cpu_milli
+        if req.mem_mib:
+            ok &= st.mem_free[slots] >= req.mem_mib
+        return ok
 
     def feasible(self, req: PodRequest) -> np.ndarray:
         """The core's feasibility mask over every node, kept per request shape and brought up
@@ -556,6 +782,10 @@ class ClusterView:
     def _fits_empty(self, req: PodRequest) -> np.ndarray:
         st, n = self.state, self.state.n
         ok = st.active[:n].copy()
+        if req.cpu_milli:
+            ok &= st.cpu_cap[:n] >= req.cpu_milli
+        if req.mem_mib:
+            ok &= st.mem_cap[:n] >= req.mem_mib
         modes = _KIND_MODES[req.kind]
         codes = np.array([_MODE_CODES[m] for m in modes if m in _MODE_CODES], dtype=np.int8)
         ok &= np.isin(st.mode[:n], codes)
@@ -622,7 +852,7 @@ class ClusterView:
 
     def _prioritize(self, req: PodRequest, names: list[str], slots: np.ndarray) -> dict[str, int]:
         known = slots[slots >= 0]
-        nodes = known[self.feasible(req)[known]]
+        nodes = known[self.feasible_at(req, known)]
         if len(nodes) == 0:
             return dict.fromkeys(names, 0)
         scores = self.scores(req, nodes)
@@ -727,6 +957,20 @@ class ClusterView:
 
     def node_modes(self) -> dict[str, Mode]:
         return {name: s.mode for name, s in self.specs.items()}
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a rebuild runs: it makes several objects per pod that
+    all live on (records, reservations, ledger entries), and the collector would scan the
+    growing heap of pod objects again and again for none (a third of the rebuild's time)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _distance(a: TargetWorkload, b: TargetWorkload) -> float:

@@ -73,6 +73,30 @@ def crossing(arrived_pct: np.ndarray, alloc_pct: np.ndarray, x: float) -> float 
     return round(b0 + (b1 - b0) * (x - a0) / (a1 - a0), 2)
 
 
+def node_order(n: int, seed: int) -> np.ndarray:
+    """Each node's rank for the seed: the paper's simulator lists nodes in a per-seed random
+    order, and ties go to the first."""
+    return np.random.default_rng([seed, 1]).permutation(n)
+
+
+def unallocated(
+    arrived: np.ndarray, used: np.ndarray, capacity: int, workload_name: str, inflation: float
+) -> tuple[float, list[float | None]]:
+    """The headline (GPU % left unallocated when the arrived demand reaches 100 %) and the
+    curve, from the arrived and allocated milli-GPU after each pod of a run."""
+    curve = curve_points(arrived / capacity / 10.0, used / capacity / 10.0)
+    at100 = curve[100]
+    if at100 is None:
+        at100 = crossing(arrived / capacity / 10.0, used / capacity / 10.0, 100.0)
+    if at100 is None:
+        raise ValidationError(
+            "workload", workload_name,
+            f"its GPU demand never reaches 100 % of the cluster's capacity (it reaches "
+            f"{float(arrived[-1]) / capacity / 10.0:.1f} % after inflating it "
+            f"{inflation:g}×): use a larger workload or a smaller cluster")
+    return 100.0 - at100, curve
+
+
 def run_one(
     nodes: Sequence[NodeSpec],
     pods: Sequence[TracePod],
@@ -82,15 +106,17 @@ def run_one(
     target: TargetWorkload,
     inflation: float = 1.3,
     on_progress: Callable[[int], None] | None = None,
+    placements: list[str | None] | None = None,
 ) -> RunResult:
+    """One policy over one seed's pod stream. ``placements``, when given, gets each pod's node
+    (``None`` when it was not placed), in stream order."""
     started = time.perf_counter()
     state = ClusterState(nodes)
     capacity = int(state.gpu_count[: state.n].sum())
     total_units = float(capacity * GPU_UNITS)
     pol = get_policy(policy)
     pol.prepare(state, target)
-    # the paper's simulator lists nodes in a per-seed random order; ties go to the first
-    state.set_order(np.random.default_rng([seed, 1]).permutation(state.n))
+    state.set_order(node_order(state.n, seed))
     sched = Scheduler(state, pol, seed=seed)
     seq = stream(pods, capacity, seed, inflation)
     n = len(seq)
@@ -108,6 +134,8 @@ def run_one(
         d = sched.schedule(req)
         t_dec += time.perf_counter() - t0
         total_arrived += tp.gpu_demand
+        if placements is not None:
+            placements.append(d.node_name if d is not None else None)
         if d is not None:
             placed += 1
             total_used += tp.gpu_demand
@@ -118,17 +146,7 @@ def run_one(
             frag_at_100 = float(fmodel.nodes(state, live).sum()) / total_units * 100.0
         if on_progress is not None and (i & 255) == 0:
             on_progress(i)
-    curve = curve_points(arrived / capacity / 10.0, used / capacity / 10.0)
-    at100 = curve[100]
-    if at100 is None:
-        at100 = crossing(arrived / capacity / 10.0, used / capacity / 10.0, 100.0)
-    if at100 is None:
-        raise ValidationError(
-            "workload", workload_name,
-            f"its GPU demand never reaches 100 % of the cluster's capacity (it reaches "
-            f"{float(arrived[-1]) / capacity / 10.0:.1f} % after inflating it "
-            f"{inflation:g}×): use a larger workload or a smaller cluster")
-    unalloc = 100.0 - at100
+    unalloc, curve = unallocated(arrived, used, capacity, workload_name, inflation)
     if frag_at_100 is None:
         live = np.flatnonzero(state.active[: state.n])
         frag_at_100 = float(fmodel.nodes(state, live).sum()) / total_units * 100.0
