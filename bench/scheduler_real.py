@@ -20,19 +20,36 @@ the card labels, Ready, no taints), and per node count two arms, alternated over
 Each arm: a fresh namespace; kube-scheduler stopped; ``--pods`` pods (``schedulerName:
 ack-co-scheduler``, 1..8 GiB of ``aliyun.com/gpu-mem``, the same pods in both arms) created
 Pending; then a fresh kube-scheduler started, so the whole backlog is in its queue at once and
-its metrics start at zero. Figures come from kube-scheduler's own /metrics (scraped as the
-admin), polled every ``--poll`` seconds until every pod is scheduled:
+its metrics start at zero (phase 1, backlog). Then ``--paced-pods`` more pods are created one by
+one at ``--paced-rate`` pods/s while it runs (phase 2, paced: latency without a queue). Figures
+come from kube-scheduler's own /metrics (scraped with the admin's client certificate; its
+delegated authorization allows ``system:masters``), polled every ``--poll`` seconds:
 
-- pods/s: ``scheduler_schedule_attempts_total{result="scheduled"}`` polled over time; its mean
-  rate between the moments it reached 10 % and 90 % of the pods (interpolated between polls);
-- attempt p50/p99/mean: ``scheduler_scheduling_attempt_duration_seconds{result="scheduled"}``
-  (one pod's scheduling cycle and its binding cycle: filter, score, extender calls, bind);
-  quantiles interpolated in its buckets (powers of 2 from 1 ms) as Prometheus'
-  ``histogram_quantile`` does, the mean exact (sum / count);
-- algorithm mean/p99: ``scheduler_scheduling_algorithm_duration_seconds`` (filter and score,
-  the extender's filter and prioritize included: the serial part of a pod's scheduling);
+- pods/s (backlog): ``scheduler_schedule_attempts_total{result="scheduled"}`` polled over time;
+  its mean rate between the moments it reached 10 % and 90 % of the pods (interpolated between
+  polls); the counter moves when a pod's binding has succeeded;
+- attempt p50/p99/mean: ``scheduler_scheduling_attempt_duration_seconds{result="scheduled"}``,
+  one pod from leaving the queue to bound (the scheduling cycle: filter, score, the extender's
+  filter and prioritize; then the asynchronous binding cycle: the extender's bind or the default
+  binder, behind kube-scheduler's client rate limiter). In the backlog phase binds queue up, so
+  this is mostly waiting; the paced phase (histogram difference between two scrapes) shows a
+  pod's own latency. Quantiles are interpolated in the buckets (powers of 2 from 1 ms to
+  16.4 s) as Prometheus' ``histogram_quantile`` does; means are exact (sum / count);
+- algorithm mean: ``scheduler_scheduling_algorithm_duration_seconds``, the serial part of a pod
+  (its inverse bounds pods/s); split with
+  ``scheduler_framework_extension_point_duration_seconds`` into kube-scheduler's own plugins
+  (PreFilter, Filter, PreScore, Score) and the rest (the extender's filter and prioritize round
+  trips); Bind: the default binder's mean (its rate-limiter wait included);
+- failed attempts (``result="error"``/``"unschedulable"``): counted, not fatal (kube-scheduler
+  tries the pod again, as in a cluster);
 - CPU per pod, per process (from /proc, over the same 10 %..90 % window), and the machine's
-  busy CPU over that window (other work on the machine shows as the difference).
+  busy CPU over that window (other work on the machine shows as the difference); the
+  extender's handler time per verb from its own /metrics.
+
+The chart sets no ``clientConnection.qps``: kube-scheduler's defaults (50 requests/s, burst 100)
+then cap its default binder, i.e. the ``without`` arm, at ~50 binds/s; the extender binds with
+its own client. ``--client-qps`` raises the limit in both arms alike to show the scheduling
+work itself.
 Leaves no process behind (every process in its own group, killed at exit).
 """
 
