@@ -4,7 +4,8 @@
   of one name whose labels include the given ones;
 - :func:`histogram` / :func:`quantile`: one histogram's cumulative buckets (summed over the
   label sets that match) and a quantile from them the way Prometheus' ``histogram_quantile``
-  computes it (linear interpolation inside the bucket that holds the rank);
+  computes it (linear interpolation inside the bucket that holds the rank); ``minus``: what was
+  observed between two scrapes;
 - :func:`counter_line` : one counter's value found by a plain string search (cheap enough to poll
   a large exposition a few times a second);
 - :func:`crossing` / :func:`throughput`: when a counter polled over time crossed a level
@@ -41,6 +42,12 @@ class Histogram:
 
     def quantile(self, q: float) -> float:
         return quantile(q, self.buckets)
+
+    def minus(self, earlier: Histogram) -> Histogram:
+        """The observations made since ``earlier`` (a scrape of the same histogram before)."""
+        before = dict(earlier.buckets)
+        return Histogram([(le, c - before.get(le, 0.0)) for le, c in self.buckets],
+                         self.sum - earlier.sum, self.count - earlier.count)
 
 
 def parse(text: str) -> list[Sample]:

@@ -104,3 +104,18 @@ def test_throughput_between_interpolated_crossings() -> None:
         sm.crossing(series, 301)
     with pytest.raises(ValueError):
         sm.throughput([(0.0, 0.0), (1.0, 300.0)], 300, lo=0.5, hi=0.5)
+
+
+def test_histogram_minus_keeps_what_was_observed_between_two_scrapes() -> None:
+    before = sm.histogram(sm.parse(TEXT), ATTEMPT, OURS)
+    later = TEXT.replace('le="0.016"} 100', 'le="0.016"} 150').replace(
+        'le="+Inf"} 100', 'le="+Inf"} 150').replace(
+        '_sum{profile="ack-co-scheduler",result="scheduled"} 0.45',
+        '_sum{profile="ack-co-scheduler",result="scheduled"} 1.05').replace(
+        '_count{profile="ack-co-scheduler",result="scheduled"} 100',
+        '_count{profile="ack-co-scheduler",result="scheduled"} 150')
+    since = sm.histogram(sm.parse(later), ATTEMPT, OURS).minus(before)
+    assert since.count == 50 and since.mean == pytest.approx(0.012)
+    assert [c for _, c in since.buckets] == [0, 0, 0, 0, 50, 50]
+    # all 50 in (0.008, 0.016]: the median is its middle
+    assert since.quantile(0.5) == pytest.approx(0.012)
