@@ -172,13 +172,22 @@ def node_object(name: str, *, labels: Mapping[str, str] | None = None,
 
 
 def create_node(client: Any, name: str, **kwargs: Any) -> str:
-    """Create the Node (lightkube ``Client``, admin) and do what the node-lifecycle controller
-    would: lift the ``node.kubernetes.io/not-ready`` taint admission puts on a new Node."""
+    """Create the Node (lightkube ``Client``, admin; ``kwargs`` as for :func:`node_object`); see
+    :func:`create_node_object`."""
+    return create_node_object(client, node_object(name, **kwargs))
+
+
+def create_node_object(client: Any, obj: Mapping[str, Any]) -> str:
+    """Create the Node ``obj`` (lightkube ``Client``, admin) and do what the node-lifecycle
+    controller would: lift the ``node.kubernetes.io/not-ready`` taint that admission
+    (TaintNodesByCondition) puts on a new Node, when it did."""
     from lightkube.resources.core_v1 import Node
     from lightkube.types import PatchType
 
-    client.create(Node.from_dict(node_object(name, **kwargs)))
-    client.patch(Node, name, {"spec": {"taints": None}}, patch_type=PatchType.MERGE)
+    name = obj["metadata"]["name"]
+    created = client.create(Node.from_dict(dict(obj)))
+    if created.spec is not None and created.spec.taints:
+        client.patch(Node, name, {"spec": {"taints": None}}, patch_type=PatchType.MERGE)
     return name
 
 
@@ -206,5 +215,5 @@ def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 60.0,
         time.sleep(every)
 
 
-__all__ = ["CHART", "ROOT", "SharegpuProcess", "chart_docs", "create_node", "free_port", "helm",
-           "install_chart", "node_object", "scheduler_config", "wait_for"]
+__all__ = ["CHART", "ROOT", "SharegpuProcess", "chart_docs", "create_node", "create_node_object",
+           "free_port", "helm", "install_chart", "node_object", "scheduler_config", "wait_for"]

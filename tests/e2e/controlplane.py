@@ -354,6 +354,7 @@ class ControlPlane:
         self._started = False
         self._atexit_registered = False
         self._users = 0
+        self._component_ssl: ssl.SSLContext | None = None
 
     # -- public surface -----------------------------------------------------------------------
 
@@ -496,11 +497,32 @@ class ControlPlane:
         """Stop the scheduler and start it again with another ``config`` (see the class doc),
         ``extra_args`` (replacing those given at construction) and, if given, ``feature_gates``
         (for the scheduler only; merged over the control plane's). Waits until it is healthy."""
+        self.stop_scheduler()
+        args = list(self.extra_args.get(SCHEDULER, []) if extra_args is None else extra_args)
+        self._start_scheduler(config, args, feature_gates)
+
+    def stop_scheduler(self) -> None:
+        """Stop the scheduler (nothing schedules until :meth:`restart_scheduler`); idempotent."""
         old = self.components.pop(SCHEDULER, None)
         if old is not None:
             _kill_group(old.proc, grace=10)
-        args = list(self.extra_args.get(SCHEDULER, []) if extra_args is None else extra_args)
-        self._start_scheduler(config, args, feature_gates)
+
+    def component_get(self, component: str, path: str, timeout: float = 10) -> tuple[int, str]:
+        """GET ``path`` on a running component's secure port as the admin (client certificate,
+        ``system:masters``: the component's delegated authorization allows ``/metrics``);
+        returns (status, body text). The component's serving certificate is self-signed
+        (``--cert-dir``), so it is not verified."""
+        comp = self.components.get(component)
+        if comp is None or component == ETCD:
+            raise ControlPlaneError(f"{component} is not running (or has no secure port)")
+        if self._component_ssl is None:
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+            certs = self.workdir / "certs"
+            context.load_cert_chain(str(certs / "admin.crt"), str(certs / "admin.key"))
+            self._component_ssl = context
+        return self._https_get(comp.port, path, self._component_ssl, timeout)
 
     def stop(self) -> None:
         """Stop every component (newest first), leaving no process behind. Idempotent. The work
@@ -632,10 +654,11 @@ class ControlPlane:
             f"{comp.name}: no {what} after {self.start_timeout}s (last: {last}):\n{comp.log_tail()}"
         )
 
-    def _https_get(self, port: int, path: str, context: ssl.SSLContext) -> tuple[int, str]:
+    def _https_get(self, port: int, path: str, context: ssl.SSLContext,
+                   timeout: float = 5) -> tuple[int, str]:
         url = f"https://127.0.0.1:{port}{path}"
         try:
-            with urllib.request.urlopen(url, context=context, timeout=5) as resp:
+            with urllib.request.urlopen(url, context=context, timeout=timeout) as resp:
                 return resp.status, resp.read().decode(errors="replace")
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode(errors="replace")

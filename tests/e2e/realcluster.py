@@ -47,7 +47,15 @@ from lightkube.types import PatchType
 from sharegpu import names
 from sharegpu.modes import Mode, advertised_resources
 
-from .components import CHART, SharegpuProcess, create_node, free_port, helm, wait_for
+from .components import (
+    CHART,
+    SharegpuProcess,
+    create_node_object,
+    free_port,
+    helm,
+    node_object,
+    wait_for,
+)
 from .controlplane import ControlPlane
 
 T = TypeVar("T")
@@ -506,6 +514,14 @@ class PodWatch:
 
 def gpu_node(client: Client, name: str, mode: str | None, gpus: Sequence[int], run: str, *,
              placement: str = "", model: str = "", links: list[list[str]] | None = None) -> str:
+    """Create :func:`gpu_node_object` (and lift the not-ready taint); return its name."""
+    return create_node_object(client, gpu_node_object(
+        name, mode, gpus, run, placement=placement, model=model, links=links))
+
+
+def gpu_node_object(name: str, mode: str | None, gpus: Sequence[int], run: str, *,
+                    placement: str = "", model: str = "",
+                    links: list[list[str]] | None = None) -> dict[str, Any]:
     """A kubelet-less Node as the agent and the kubelet leave it: the mode label (absent for
     ``None``: exclusive), card-model labels, ``sharegpu.io/gpu-mem`` (and the link matrix),
     ``sharegpu.io/last-mode``, and in capacity/allocatable every GPU resource the agent's device
@@ -525,7 +541,7 @@ def gpu_node(client: Client, name: str, mode: str | None, gpus: Sequence[int], r
     if links:
         annotations[names.ANN_NODE_GPU_TOPOLOGY] = json.dumps(links)
     res = {k: str(v) for k, v in advertised_resources(m, list(gpus)).items()}
-    return create_node(client, name, labels=labels, annotations=annotations, resources=res)
+    return node_object(name, labels=labels, annotations=annotations, resources=res)
 
 
 def gpu_pod(name: str, run: str, *, mem: int | None = None, core: int | None = None,
@@ -584,6 +600,7 @@ __all__ = [
     "extender_args",
     "extender_tls_secret",
     "gpu_node",
+    "gpu_node_object",
     "gpu_pod",
     "http_get",
     "http_post",
