@@ -232,7 +232,7 @@ class Bench:
         """The chart's configuration (only urlPrefix changed; a fresh token for the chart's
         scheduler ServiceAccount); ``without``: less its ``extenders`` block."""
         cfg = scheduler_config_for(self.cp, self.docs, RELEASE, self.ns,
-                                   f"http://127.0.0.1:{self.ext_port}")
+                                   f"https://127.0.0.1:{self.ext_port}")
         if arm == "without":
             del cfg["extenders"]
         if self.a.client_qps:  # both arms alike
@@ -255,10 +255,12 @@ class Bench:
         cp.stop_scheduler()
         ns = make_namespace(self.admin, f"bench-{arm}")
         extender: SharegpuProcess | None = None
+        metrics_url = ""
         try:
             if arm == "with":
-                extender, _ = start_extender(cp, self.docs, "sharegpu-extender-0",
-                                             self.ext_kubeconfig, port=self.ext_port)
+                local = start_extender(cp, self.docs, "sharegpu-extender-0",
+                                       self.ext_kubeconfig, port=self.ext_port)
+                extender, metrics_url = local.proc, local.metrics_url
             t_create = create_pods(self.admin, ns, pod_objects(n_pods, seed, "p"), a.workers)
             cp.restart_scheduler(config=self.scheduler_config(arm), extra_args=self.sched_args)
             series, cpu = self._poll(n_pods, time.monotonic(), self.pids(extender), extender)
@@ -274,7 +276,7 @@ class Bench:
                 paced_text = self._scrape()
             ext_text = ""
             if extender is not None:
-                ext_text = _http_text(f"http://127.0.0.1:{self.ext_port}/metrics")
+                ext_text = _http_text(f"{metrics_url}/metrics")
         finally:
             cp.stop_scheduler()
             if extender is not None:
