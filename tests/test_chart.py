@@ -692,7 +692,7 @@ AGREED = {
                  "--no-leader-election", "--graded-scores"],
     "agent": ["--node-name", "--device-plugin-dir", "--state-dir", "--isolation", "--nvml",
               "--fake-gpus", "--kubeconfig", "--metrics-listen", "--hami-library",
-              "--hami-installed", "--compute-policy", "--isolation-check-every",
+              "--hami-installed", "--compute-policy", "--reserve-mib", "--isolation-check-every",
               "--mps-pipe-dir", "--mps-shm-dir", "--log-level"],
     "webhook": ["--listen", "--tls-cert", "--tls-key", "--insecure", "--gpu-schedulers",
                 "--log-level"],
@@ -906,6 +906,11 @@ def test_compute_policy_value_and_refusal():
     assert "--compute-policy=5" in args_of(one(render(None), "DaemonSet", "agent"))
     fixed = one(render(None, KUBE, "computePolicy=3"), "DaemonSet", "agent")
     assert "--compute-policy=3" in args_of(fixed)
+    assert "--reserve-mib=0" in args_of(one(render(None), "DaemonSet", "agent"))
+    reserved = one(render(None, KUBE, "agent.reserveMemoryMiB=1024"), "DaemonSet", "agent")
+    assert "--reserve-mib=1024" in args_of(reserved)
     for bad in ("0", "1", "2", "4"):
         r = run_helm("template", "sharegpu", str(CHART), "--set", f"computePolicy={bad}")
         assert r.returncode != 0 and "computePolicy" in r.stderr
+    r = run_helm("template", "sharegpu", str(CHART), "--set", "agent.reserveMemoryMiB=-1")
+    assert r.returncode != 0 and "reserveMemoryMiB" in r.stderr

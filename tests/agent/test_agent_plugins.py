@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 from agent_helpers import NODE, harness, short_dir  # noqa: F401
@@ -142,6 +144,19 @@ async def test_node_labels_and_annotations(harness):
     assert names.ANN_NODE_GPU_TOPOLOGY not in meta["annotations"]  # fake NVML: no links
 
 
+async def test_reserve_keeps_memory_out_of_what_is_advertised(harness):
+    """--reserve-mib: an 80 GiB card with 1 GiB reserved is advertised (annotation, devices, what
+    the scheduler reads) as 79 GiB; its model label still says what the card is."""
+    h = await harness(gpus=[("NVIDIA-H100-80GB-HBM3", 80)] * 2, mode="cgpu", reserve_mib=1024)
+    meta = h.kube.nodes[NODE]["metadata"]
+    assert meta["annotations"][names.ANN_NODE_GPU_MEM] == "79,79"
+    assert meta["labels"][names.LABEL_CARD_MEM] == f"{80 * 1024}MiB"
+    assert h.kubelet.count(names.RES_GPU_MEM) == 158
+    from sharegpu.nodes import spec_from_node
+
+    assert list(spec_from_node(h.kube.nodes[NODE]).gpu_mem) == [79, 79]
+
+
 async def test_topology_annotation_from_links(short_dir):
     from agent_helpers import Harness
 
@@ -244,3 +259,15 @@ async def test_a_stale_foreign_socket_is_no_conflict(harness, short_dir):
     dead.close()
     h = await harness(mode="default")
     assert names.RES_NVIDIA_GPU in h.kubelet.endpoints and h.agent.conflicts == {}
+
+
+@pytest.mark.parametrize("bad", ["-1", "1.5", "65536", "lots"])
+def test_agent_refuses_a_bad_reserve(tmp_path, bad):
+    r = subprocess.run(
+        [sys.executable, "-m", "sharegpu.cli", "agent", "--node-name", "n", "--nvml", "fake",
+         "--standalone", "--reserve-mib", bad, "--state-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert (f"--reserve-mib='{bad}': must be a whole number of MiB, 0 or more, below 65536"
+            in r.stderr)

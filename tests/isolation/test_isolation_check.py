@@ -192,6 +192,20 @@ def test_fill_past_the_gpus_real_memory(node, standin_vgpu):
     assert "FAIL" in table_row(t.stdout, "fill: limit reached")
 
 
+def test_fill_with_the_agents_reserve(node, standin_vgpu):
+    """With the agent's --reserve-mib 1024 an 81,559 MiB card is advertised as 79 GiB: three
+    20 GiB pods fill it, and each gets its limit."""
+    r = check(node, "--mem", "20", "--fill", "--reserve-mib", "1024",
+              "--hami-library", standin_vgpu, "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout)
+    assert out["gpu"]["advertised_gib"] == 79
+    c = rows(r)
+    assert "3 pods" in c["fill.within"]["note"] and c["fill.reach"]["ok"] is True
+    bad = check(node, "--mem", "20", "--reserve-mib", "-5", "--hami-library", standin_vgpu)
+    assert bad.returncode == 2 and "--reserve-mib='-5'" in bad.stderr
+
+
 def test_fill_with_a_library_that_lets_pods_past_their_limit(node, standin_vgpu):
     node["FAKECUDA_GPUS"] = "Fake 80 GiB:81920"
     node["STANDIN_VGPU_SLACK_MIB"] = "256"

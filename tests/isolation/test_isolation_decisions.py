@@ -202,7 +202,7 @@ def args(tmp_path, lib="/nope/libvgpu.so", **kw) -> argparse.Namespace:
     base = dict(backend="hami", mem="2", core=None, gpu="0", hami_library=lib,
                 hami_installed=str(tmp_path / "installed"), mps_pipe_dir=str(tmp_path),
                 mps_control=MPS_STANDIN, compute_policy="5", seconds="5", compare=False,
-                fill=False, compute_kernel="burn",
+                fill=False, compute_kernel="burn", reserve_mib="0",
                 json=False, cuda_library="libcuda.so.1")
     base.update(kw)
     return argparse.Namespace(**base)

@@ -30,12 +30,14 @@ class Gpu:
     uuid: str
     name: str
     mem_mib: int
+    reserve_mib: int = 0  # kept out of what is advertised (the agent's --reserve-mib)
 
     @property
     def mem_gib(self) -> int:
-        """GiB the GPU is advertised with: total memory rounded to the nearest GiB, as ACK shows
-        it (a 15,109 MiB T4 is a 15 GiB card), at least 1."""
-        return max(1, (self.mem_mib + GIB_MIB // 2) // GIB_MIB)
+        """GiB the GPU is advertised with: total memory less the reserve, rounded to the nearest
+        GiB, as ACK shows it (a 15,109 MiB T4 is a 15 GiB card), at least 1."""
+        mib = max(0, self.mem_mib - self.reserve_mib)
+        return max(1, (mib + GIB_MIB // 2) // GIB_MIB)
 
 
 @dataclass(frozen=True, slots=True)

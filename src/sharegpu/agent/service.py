@@ -67,6 +67,10 @@ class AgentConfig:
     isolation_check_s: float = 10.0  # how often the back-end is checked again
     mps_control: tuple[str, ...] = ("nvidia-cuda-mps-control",)
     load_check: bool = True  # load the HAMi-core library in a child process as part of the check
+    # MiB of each GPU kept out of what is advertised: CUDA can use less than NVML's total (480 MiB
+    # less on an H100, 616 on an H200), so a card filled to its advertised GiB leaves the last
+    # pod short (bench/README.md, "Isolation on a real GPU")
+    reserve_mib: int = 0
 
 
 class Agent:
@@ -74,7 +78,7 @@ class Agent:
         self.config = config
         self.nvml = nvml
         self.kube = kube
-        self.gpus = nvml.gpus()
+        self.gpus = [replace(g, reserve_mib=config.reserve_mib) for g in nvml.gpus()]
         self.devices = DeviceMap(self.gpus)
         # the preload list lives in the agent's state directory (a host directory it writes)
         self.allocator = Allocator(config.node_name, self.devices, isolation=replace(

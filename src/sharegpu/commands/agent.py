@@ -41,6 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hami-installed", default="",
                    help="file naming the library the chart's init container installed (wins "
                         "over --hami-library)")
+    p.add_argument("--reserve-mib", default="0", metavar="MIB",
+                   help="MiB of each GPU kept out of the GiB it is advertised with (default 0, "
+                        "as ACK; 1024 leaves room for what CUDA cannot use of a full card)")
     p.add_argument("--compute-policy", default="5",
                    help="cGPU compute policy: 5 native (default) or 3 fixed share; 0, 1, 2 and "
                         "4 are refused (no back-end can honour them)")
@@ -90,6 +93,13 @@ def run(args: argparse.Namespace) -> int:
     if not args.isolation_check_every > 0:
         raise ValidationError("--isolation-check-every", args.isolation_check_every,
                               "must be a positive number of seconds")
+    reserve_rule = "must be a whole number of MiB, 0 or more, below 65536"
+    try:
+        reserve = int(str(args.reserve_mib).strip())
+    except ValueError:
+        raise ValidationError("--reserve-mib", args.reserve_mib, reserve_rule) from None
+    if not 0 <= reserve < 65536:
+        raise ValidationError("--reserve-mib", args.reserve_mib, reserve_rule)
     mps_control = tuple(shlex.split(args.mps_control))
     if not mps_control:
         raise ValidationError("--mps-control", args.mps_control, "must name a command")
@@ -114,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
         hami_installed=args.hami_installed,
         isolation_check_s=args.isolation_check_every,
         mps_control=mps_control,
+        reserve_mib=reserve,
     )
 
     async def main() -> None:

@@ -59,6 +59,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compute-kernel", default="burn", choices=("burn", "spin"),
                    help="the compute probes' kernel: burn, a fixed amount of arithmetic per "
                         "launch (default), or spin, a busy loop on the clock")
+    p.add_argument("--reserve-mib", default="0", metavar="MIB",
+                   help="the agent's --reserve-mib, for the GiB --fill counts with (default 0)")
     p.add_argument("--fill", action="store_true",
                    help="also fill the GPU with as many pods of --mem GiB as the scheduler "
                         "places on it, each holding all it can get")
@@ -97,6 +99,10 @@ def request(args: argparse.Namespace):
     if gpu < 0:
         raise ValidationError("--gpu", args.gpu, gpu_rule)
     policy = parse_policy(args.compute_policy, args.backend)
+    reserve_rule = "must be a whole number of MiB, 0 or more, below 65536"
+    reserve = _int("--reserve-mib", args.reserve_mib, reserve_rule)
+    if not 0 <= reserve < 65536:
+        raise ValidationError("--reserve-mib", args.reserve_mib, reserve_rule)
     try:
         seconds = float(args.seconds)
     except ValueError:
@@ -129,7 +135,7 @@ def request(args: argparse.Namespace):
         hami_library=os.path.abspath(library) if args.backend == "hami" else library,
         mps_pipe_dir=os.path.abspath(args.mps_pipe_dir), compute_policy=int(policy),
         seconds=seconds, compare=bool(args.compare), cuda_library=args.cuda_library,
-        fill=bool(args.fill), kernel=args.compute_kernel,
+        fill=bool(args.fill), kernel=args.compute_kernel, reserve_mib=reserve,
     )
 
 

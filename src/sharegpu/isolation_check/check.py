@@ -89,6 +89,7 @@ class Request:
     cuda_library: str = "libcuda.so.1"
     fill: bool = False
     kernel: str = "burn"  # the compute probes' kernel: burn (work) or spin (clock time)
+    reserve_mib: int = 0  # the agent's --reserve-mib: what it keeps out of the advertised GiB
 
     @property
     def limit_mib(self) -> int:
@@ -520,10 +521,10 @@ class Runner:
 # ---- the scenarios ----
 
 
-def _gpu_gib(total_mib: int) -> int:
+def _gpu_gib(total_mib: int, reserve_mib: int = 0) -> int:
     from ..agent.nvml import Gpu
 
-    return Gpu(0, "", "", total_mib).mem_gib
+    return Gpu(0, "", "", total_mib, reserve_mib).mem_gib
 
 
 def baseline_info(runner: Runner, req: Request, env: Mapping[str, str]) -> dict[str, Any]:
@@ -621,7 +622,7 @@ def run_check(req: Request, *, base_env: Mapping[str, str] | None = None,
         # the GiB the agent advertises for this GPU: from NVML's total, as the agent reads it
         # (CUDA shows less: on an H100, 81,079 MiB of NVML's 81,559)
         nvml_total = device.total_mib()
-        gib = _gpu_gib(int(nvml_total) if nvml_total else gpu_mib)
+        gib = _gpu_gib(int(nvml_total) if nvml_total else gpu_mib, req.reserve_mib)
         report.gpu["advertised_gib"] = gib
         if req.mem_gib > gib:
             raise ValidationError("--mem", req.mem_gib,
