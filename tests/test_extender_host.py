@@ -10,6 +10,7 @@ import random
 from typing import Any
 
 import numpy as np
+import pytest
 
 from sharegpu import kobjects
 from sharegpu.annotations import Allocation, encode
@@ -240,11 +241,12 @@ def test_the_learnt_workload_has_the_cpu_and_memory_of_gpu_pods() -> None:
     assert sorted(full.mem.tolist()) == [8192.0, 16384.0]  # type: ignore[union-attr]
 
 
-def _simulate(node_objs: list[dict[str, Any]], pods: list[dict[str, Any]]) -> list[str | None]:
+def _simulate(node_objs: list[dict[str, Any]], pods: list[dict[str, Any]],
+              policy: str = "strand") -> list[str | None]:
     """The simulator's way: the core Scheduler places every pod, those without GPUs too."""
     state = ClusterState([spec_from_node(n) for n in node_objs])  # type: ignore[misc]
-    pol = get_policy("strand")
-    v = ClusterView("strand")
+    pol = get_policy(policy)
+    v = ClusterView(policy)
     v.reset(node_objs, [])
     pol.prepare(state, v.workload)
     sched = Scheduler(state, pol, tie_break="order")
@@ -256,7 +258,8 @@ def _simulate(node_objs: list[dict[str, Any]], pods: list[dict[str, Any]]) -> li
     return out
 
 
-def test_strand_in_the_view_decides_as_the_simulator_with_cpu_and_memory() -> None:
+@pytest.mark.parametrize("policy", ["strand", "strandlp"])
+def test_strand_in_the_view_decides_as_the_simulator_with_cpu_and_memory(policy: str) -> None:
     """Pods without GPUs placed by kube-scheduler where the simulator put them; GPU pods by the
     view's filter and prioritize. The same decisions; with CPU and memory hidden, others."""
     rng = random.Random(11)
@@ -272,13 +275,13 @@ def test_strand_in_the_view_decides_as_the_simulator_with_cpu_and_memory() -> No
             pods.append(kobjects.pod(f"g{i}", mem=rng.choice([2, 4, 8, 16]),
                                      cpu=str(rng.choice([1, 2, 4, 8])),
                                      memory=f"{rng.choice([4, 16, 48])}Gi"))
-    sim = _simulate(node_objs, pods)
+    sim = _simulate(node_objs, pods, policy)
     names = [n["metadata"]["name"] for n in node_objs]
 
     def extender(hide: bool) -> list[str | None]:
         objs = [kobjects.node(n["metadata"]["name"], [16] * len(spec_from_node(n).gpu_mem))  # type: ignore[union-attr]
                 for n in node_objs] if hide else node_objs
-        v = ClusterView("strand", workload_refresh=10**9)
+        v = ClusterView(policy, workload_refresh=10**9)
         v.reset(objs, [])
         out: list[str | None] = []
         for p, want in zip(pods, sim, strict=True):

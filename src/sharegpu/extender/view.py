@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 Placed = tuple[PodRequest, str, Allocation]
 UNKNOWN_NODE = "node has no GPUs known to sharegpu (no GPU resources or annotations)"
 # policies whose score of a node reads that node's row alone (so scores keep until it changes)
-ROW_LOCAL_POLICIES = frozenset({"fgd", "strand"})
+ROW_LOCAL_POLICIES = frozenset({"fgd", "strand", "strandlp"})
 
 
 def shape_of(req: PodRequest, alloc: Allocation) -> Shape | None:
@@ -277,7 +277,7 @@ class ClusterView:
         self._change_logs: list[set[str]] = []
         self.reader = PlacementReader()
         self.reader.on_problem = self._problem
-        # FGD and strand score a node from that node's row alone, so their scores can be kept
+        # FGD, strand and strandlp score a node from that node's row alone, so scores can be kept
         # per request shape until the node changes (they cache their common shapes themselves;
         # this covers compute, whole-card and multi-container requests)
         self._row_local = resolve(policy) in ROW_LOCAL_POLICIES
