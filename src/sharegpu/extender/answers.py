@@ -30,7 +30,6 @@ def request_key(req: PodRequest) -> tuple[Any, ...]:
     )
 
 
-
 class SchedulingAnswers:
     """The answers of :class:`~.view.ClusterView` (the cache's attributes come from
     :class:`~.cache.ClusterCache`)."""

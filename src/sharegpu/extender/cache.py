@@ -50,7 +50,6 @@ UNKNOWN_NODE = "node has no GPUs known to sharegpu (no GPU resources or annotati
 ROW_LOCAL_POLICIES = frozenset({"fgd", "strand"})
 
 
-
 class ClusterCache(LearnedWorkload):
     """Nodes and pods as the view knows them: the state, what bound pods' annotations say,
     in-flight reservations, pods without a decision, the host ledger; rebuilt from lists

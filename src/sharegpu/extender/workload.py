@@ -39,7 +39,6 @@ def default_workload(state: ClusterState) -> TargetWorkload:
     return TargetWorkload.from_shapes(shapes, coverage=1.0)
 
 
-
 class LearnedWorkload:
     """The workload refresh of :class:`~.view.ClusterView` (its attributes are made by
     :class:`~.cache.ClusterCache`: ``history``, ``shapes``, ``policy``, ``state``...)."""
