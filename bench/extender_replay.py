@@ -4,7 +4,7 @@ unallocated %, and what the extender gives when CPU and memory are hidden from i
 
     python bench/extender_replay.py --trace ../shared/traces/openb --seed 42 --json
 
-The replay (:mod:`sharegpu.testing.replay`): every trace node a Node with its CPU and memory
+The replay (:mod:`sharegpu_testing.replay`): every trace node a Node with its CPU and memory
 allocatable, the seed's pod stream one pod at a time, GPU pods through filter → prioritize →
 bind (kube-scheduler's own CPU/memory filter applied first), pods without GPUs bound by
 "kube-scheduler" where the simulator put them, and pods that must change nothing on the nodes
@@ -21,9 +21,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import devpath  # noqa: F401  (testing/ on sys.path)
 from sharegpu.sim.trace import NODE_FILE, read_nodes, read_pods, workload_path
-from sharegpu.testing.fakeapi import FakeApiServer
-from sharegpu.testing.replay import replay, simulate
+from sharegpu_testing.fakeapi import FakeApiServer
+from sharegpu_testing.replay import replay, simulate
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""Throughput of the fake API server (sharegpu.testing.fakeapi) under a scheduler-like load.
+"""Throughput of the fake API server (sharegpu_testing.fakeapi) under a scheduler-like load.
 
 Creates N pods through the API with W open pod watches, then binds and annotates every pod,
 then lists all pods; prints requests per second for each phase and the list latency. One
@@ -16,7 +16,8 @@ import time
 
 import httpx2 as httpx
 
-from sharegpu.testing import FakeApiServer
+import devpath  # noqa: F401  (testing/ on sys.path)
+from sharegpu_testing import FakeApiServer
 
 
 async def _drain_watch(url: str, seen: list[int], stop: asyncio.Event) -> None:

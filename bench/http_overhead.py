@@ -9,7 +9,7 @@ size of a filter request with 500 node names) one after the other. What is compa
 server process's CPU time per request: parsing, dispatch, the answer and the kernel's share.
 With ``--tls`` the extender's server is also measured over TLS (one kept-alive connection, as
 kube-scheduler keeps its connections; a certificate made for the run by
-``sharegpu.testing.tls``, which needs the ``cryptography`` package of the ``test`` extra).
+``sharegpu_testing.tls``, which needs the ``cryptography`` package of the ``test`` extra).
 """
 
 from __future__ import annotations
@@ -122,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         import tempfile
         from pathlib import Path
 
-        from sharegpu.testing.tls import make_certificates
+        import devpath  # noqa: F401  (testing/ on sys.path)
+        from sharegpu_testing.tls import make_certificates
 
         with tempfile.TemporaryDirectory() as tmp:
             files = make_certificates(Path(tmp), hosts=("localhost",))

@@ -10,7 +10,9 @@ PY=${PYTHON:-python3}
 # helm and kubectl for the chart and plugin tests (into .tools/, once)
 bash scripts/install-tools.sh
 export PATH="$PWD/.tools/bin:$PATH"
-.venv/bin/ruff check src tests bench
+.venv/bin/ruff check src tests bench testing
+# the layering contracts (pyproject.toml [tool.importlinter]; docs/architecture.md)
+.venv/bin/lint-imports
 # the real Kubernetes control plane of tests/e2e (kube-apiserver, etcd, kube-controller-manager,
 # kube-scheduler) from pinned Go modules: built once (about 8 minutes on 2 cores the first
 # time; Go's module and build caches are reused), then only checked

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sharegpu.testing.fixtures import fake_api, fake_api_env, fake_api_factory  # noqa: F401
+from sharegpu_testing.fixtures import fake_api, fake_api_env, fake_api_factory  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
 OPENB = Path(os.environ.get("SHAREGPU_OPENB", ROOT.parent / "shared" / "traces" / "openb"))

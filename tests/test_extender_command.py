@@ -19,7 +19,7 @@ import pytest
 
 from sharegpu import kobjects
 from sharegpu.cli import main
-from sharegpu.testing.tls import make_certificates
+from sharegpu_testing.tls import make_certificates
 
 
 def free_port() -> int:

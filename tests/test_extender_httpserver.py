@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 
 from sharegpu.extender.httpserver import HttpServer, Request, Response, json_response
-from sharegpu.testing.tls import make_certificates
+from sharegpu_testing.tls import make_certificates
 
 FINISHED: list[str] = []
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from sharegpu.sim.trace import NODE_FILE, read_nodes, read_pods, workload_path
 from sharegpu.sim.workload import stream
-from sharegpu.testing.replay import replay, simulate
+from sharegpu_testing.replay import replay, simulate
 
 SEED = 42
 STEP = 8  # every 8th node of the trace: 152 nodes, 770 GPUs

@@ -24,7 +24,7 @@ from sharegpu import kobjects
 from sharegpu.cli import main
 from sharegpu.extender.kube import KubeApi
 from sharegpu.extender.replica import Replica
-from sharegpu.testing.tls import CertificateFiles, make_certificates
+from sharegpu_testing.tls import CertificateFiles, make_certificates
 
 SERVICE = "sharegpu-extender.gpu-system.svc"  # the name the chart's certificate carries
 ROOT = Path(__file__).resolve().parent.parent

@@ -26,7 +26,7 @@ from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.resources.events_v1 import Event as EventV1
 from lightkube.types import OnErrorAction, OnErrorResult, PatchType
 
-from sharegpu.testing import FakeApiServer
+from sharegpu_testing import FakeApiServer
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -7,16 +7,16 @@ from decimal import Decimal
 
 import pytest
 
-from sharegpu.testing import status as st
-from sharegpu.testing.patches import PatchError, json_patch, merge_patch, strategic_merge_patch
-from sharegpu.testing.resources import EVENT, LEASE, NODE, POD, resolve
-from sharegpu.testing.selectors import (
+from sharegpu_testing import status as st
+from sharegpu_testing.patches import PatchError, json_patch, merge_patch, strategic_merge_patch
+from sharegpu_testing.resources import EVENT, LEASE, NODE, POD, resolve
+from sharegpu_testing.selectors import (
     SelectorError,
     parse_field_selector,
     parse_label_selector,
 )
-from sharegpu.testing.store import Store
-from sharegpu.testing.validation import is_extended_resource, parse_quantity
+from sharegpu_testing.store import Store
+from sharegpu_testing.validation import is_extended_resource, parse_quantity
 
 # ------------------------------------------------------------------------------- merge patch
 

@@ -16,39 +16,10 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from .errors import ShareGpuError, ValidationError
+from .commands.argtypes import parse_seeds, positive_float
+from .errors import ShareGpuError
 
-
-def parse_seeds(text: str) -> list[int]:
-    """``42..51`` (inclusive), ``42,43,47`` or ``42``."""
-    rule = "must be N, N..M (inclusive) or a comma-separated list of whole numbers"
-    out: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        try:
-            if ".." in part:
-                a, b = part.split("..", 1)
-                lo, hi = int(a), int(b)
-            else:
-                lo = hi = int(part)
-        except ValueError:
-            raise ValidationError("--seeds", text, rule) from None
-        if hi < lo:
-            raise ValidationError("--seeds", text, "a range N..M needs M >= N")
-        out.extend(range(lo, hi + 1))
-    if not out:
-        raise ValidationError("--seeds", text, rule)
-    return out
-
-
-def positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
-    return v
+__all__ = ["main", "parse_seeds", "positive_float"]
 
 
 class HelpFormatter(argparse.HelpFormatter):

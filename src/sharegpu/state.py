@@ -23,6 +23,7 @@ import numpy as np
 from . import names
 from .annotations import Allocation
 from .errors import PlacementError, ValidationError
+from .gpuchoice import assign
 from .modes import Mode, Placement
 from .request import ContainerRequest, Kind, PodRequest
 
@@ -297,8 +298,6 @@ class ClusterState:
         # several containers: necessary per-container condition, then an exact check
         for c in req.containers:
             ok &= self.gpu_fits(c, rows).sum(axis=1) >= c.gpus
-        from .placement.gpus import assign  # local: placement builds on state
-
         slots = np.arange(self.n) if rows is None else rows
         for j in np.flatnonzero(ok):
             if assign(self, req, int(slots[j]), "bestfit") is None:
@@ -363,8 +362,6 @@ class ClusterState:
         return None
 
     def feasible_one(self, req: PodRequest, node: int) -> bool:
-        from .placement.gpus import assign
-
         row = slice(node, node + 1)
         return bool(self.node_mask(req, row)[0]) and assign(self, req, node, "bestfit") is not None
 
@@ -489,8 +486,6 @@ class ClusterState:
             return None
         g = int(self.gpu_count[i])
         if req.kind in (Kind.EXCLUSIVE, Kind.TOPOLOGY):
-            from .placement.gpus import assign  # local: placement builds on state
-
             alloc = assign(self, req, i, "bestfit")
             return self.reserve(req, i, alloc) if alloc is not None else None
         need = max((c.gpu_mem for c in req.containers), default=0)

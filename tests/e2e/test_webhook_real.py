@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 import pytest
 
 from sharegpu import request as rules
-from sharegpu.testing.tls import make_certificates
+from sharegpu_testing.tls import make_certificates
 
 from .components import SharegpuProcess, chart_docs, free_port
 from .components import wait_for as _wait_for

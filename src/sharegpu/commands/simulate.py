@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..cli import parse_seeds, positive_float
 from ..errors import ValidationError
+from .argtypes import parse_seeds, positive_float
 
 NAME = "simulate"
 HELP = "replay a workload through the placement policies and measure stranded GPU"

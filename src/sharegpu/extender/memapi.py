@@ -2,7 +2,7 @@
 precondition, create its binding, post an Event), answered from a dict in memory.
 
 For unit tests of the binder and for the latency benchmark, which measure the extender alone;
-end-to-end tests run against the fake API server (``sharegpu.testing.fakeapi``) instead.
+end-to-end tests run against the fake API server (``sharegpu_testing.fakeapi``) instead.
 """
 
 from __future__ import annotations

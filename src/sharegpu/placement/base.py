@@ -14,9 +14,9 @@ from typing import ClassVar
 import numpy as np
 
 from ..annotations import Allocation
+from ..gpuchoice import assign, node_strategy, request_strategy
 from ..request import PodRequest
 from ..state import ClusterState
-from .gpus import assign, node_strategy, request_strategy
 
 _REGISTRY: dict[str, type[Policy]] = {}
 ALIASES: dict[str, str] = {"default": "strand"}

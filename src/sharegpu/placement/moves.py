@@ -24,10 +24,10 @@ from typing import ClassVar
 import numpy as np
 
 from ..annotations import Allocation
+from ..gpuchoice import assign, node_strategy
 from ..request import PodRequest
 from ..state import ClusterState
 from .base import Policy
-from .gpus import assign, node_strategy
 from .nodecache import ShapeCache
 
 

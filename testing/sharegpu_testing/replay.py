@@ -32,13 +32,14 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from .. import kobjects, names
-from ..extender.kube import KubeApi
-from ..extender.replica import Replica
-from ..sim.engine import RunResult, node_order, run_one, unallocated
-from ..sim.trace import GPU_UNITS, TracePod
-from ..sim.workload import stream, target_workload
-from ..state import NodeSpec
+from sharegpu import kobjects, names
+from sharegpu.extender.kube import KubeApi
+from sharegpu.extender.replica import Replica
+from sharegpu.sim.engine import RunResult, node_order, run_one, unallocated
+from sharegpu.sim.trace import GPU_UNITS, TracePod
+from sharegpu.sim.workload import stream, target_workload
+from sharegpu.state import NodeSpec
+
 from .fakeapi import FakeApiServer
 
 NAMESPACE = "replay"

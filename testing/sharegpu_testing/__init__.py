@@ -1,9 +1,9 @@
 """Test doubles for sharegpu's cluster adapters (need the ``test`` extra: aiohttp, cryptography).
 
-- :class:`~sharegpu.testing.fakeapi.FakeApiServer`: a fake Kubernetes API server on 127.0.0.1.
-- :mod:`sharegpu.testing.fixtures`: pytest fixtures (``fake_api``, ``fake_api_factory``,
+- :class:`~sharegpu_testing.fakeapi.FakeApiServer`: a fake Kubernetes API server on 127.0.0.1.
+- :mod:`sharegpu_testing.fixtures`: pytest fixtures (``fake_api``, ``fake_api_factory``,
   ``fake_api_env``).
-- :func:`~sharegpu.testing.tls.make_certificates`: a throwaway CA and server certificate.
+- :func:`~sharegpu_testing.tls.make_certificates`: a throwaway CA and server certificate.
 """
 
 from .admission import ValidatingWebhook

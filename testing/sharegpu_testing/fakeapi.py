@@ -3,12 +3,12 @@
 It serves core/v1 pods (with ``pods/binding`` and ``pods/status``), nodes (with
 ``nodes/status``), namespaces, events and configmaps, coordination.k8s.io/v1 leases and
 events.k8s.io/v1 events (one storage with core/v1 events, as upstream), plus the discovery
-documents (``/api``, ``/apis``, ``/version``). The parts: :mod:`~sharegpu.testing.routing`
-(paths to API calls), :mod:`~sharegpu.testing.store` (resourceVersion, conflicts,
-finalizers, history, watches), :mod:`~sharegpu.testing.validation`,
-:mod:`~sharegpu.testing.patches`, :mod:`~sharegpu.testing.selectors`,
-:mod:`~sharegpu.testing.watchstream`, :mod:`~sharegpu.testing.faults`,
-:mod:`~sharegpu.testing.admission` (validating webhooks), :mod:`~sharegpu.testing.tls`.
+documents (``/api``, ``/apis``, ``/version``). The parts: :mod:`~sharegpu_testing.routing`
+(paths to API calls), :mod:`~sharegpu_testing.store` (resourceVersion, conflicts,
+finalizers, history, watches), :mod:`~sharegpu_testing.validation`,
+:mod:`~sharegpu_testing.patches`, :mod:`~sharegpu_testing.selectors`,
+:mod:`~sharegpu_testing.watchstream`, :mod:`~sharegpu_testing.faults`,
+:mod:`~sharegpu_testing.admission` (validating webhooks), :mod:`~sharegpu_testing.tls`.
 
 It is not a kube-apiserver: no authorization, one optional bearer token for authentication,
 no mutating admission, no schema validation beyond the rules in ``validation``, no

@@ -2,9 +2,9 @@
 
 Use from a test suite's ``conftest.py``::
 
-    from sharegpu.testing.fixtures import fake_api, fake_api_factory  # noqa: F401
+    from sharegpu_testing.fixtures import fake_api, fake_api_factory  # noqa: F401
 
-``fake_api`` is a started :class:`~sharegpu.testing.fakeapi.FakeApiServer` (background thread,
+``fake_api`` is a started :class:`~sharegpu_testing.fakeapi.FakeApiServer` (background thread,
 so sync and async tests alike can use it); ``fake_api_factory(**options)`` starts more, or
 with options (``history_size``, ``seed``, ``bookmark_interval``, ``watch_timeout``,
 ``graceful_pod_deletion``, ``strict_namespaces``). All are stopped at the end of the test.

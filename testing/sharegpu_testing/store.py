@@ -372,7 +372,7 @@ class Store:
     @staticmethod
     def _validate(rtype: ResourceType, obj: Obj, *, creating: bool) -> None:
         """The rules the real server checks on every create and update of these objects
-        (see :mod:`sharegpu.testing.validation`); pods get requests defaulted on create."""
+        (see :mod:`sharegpu_testing.validation`); pods get requests defaulted on create."""
         causes = validate_metadata(meta(obj))
         if rtype is POD:
             if creating:
