@@ -4,12 +4,14 @@ against the fake CUDA driver (fakecuda.c) and the stand-in HAMi-core interposer
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -284,18 +286,9 @@ def test_mps_context_from_the_driver_count(node, tmp_path, driver_count):
     pipe = tmp_path / "mps-pipe"
     pipe.mkdir()
     node.update(FAKECUDA_MPS="1", FAKECUDA_CTX_MIB="64", FAKECUDA_MPS_CTX_MIB="32")
-    daemon = subprocess.Popen([MPS_STANDIN, "-f"],
-                              env=dict(node, CUDA_MPS_PIPE_DIRECTORY=str(pipe)))
-    try:
-        for _ in range(200):
-            if (pipe / "control").exists():
-                break
-            time.sleep(0.02)
-        req = Request(backend="mps", mem_gib=2, mps_pipe_dir=str(pipe))
-        c = keyed(run_check(req, base_env=node))
-    finally:
-        daemon.kill()
-        daemon.wait()
+    with mps_standin(node, pipe):
+        c = keyed(run_check(Request(backend="mps", mem_gib=2, mps_pipe_dir=str(pipe)),
+                            base_env=node))
     assert c["mem.device"].ok is True and c["mem.device"].measured == 2048.0
     for key in ("mem.seen", "mem.reachable", "mem.past", "mem.survives"):
         assert c[key].ok is True, c[key]
@@ -307,6 +300,22 @@ MPS_STANDIN = str(Path(__file__).resolve().parent.parent / "agent" / "standins"
                   / "nvidia-cuda-mps-control")
 
 
+@contextlib.contextmanager
+def mps_standin(node: dict, pipe: Path) -> Iterator[None]:
+    """The stand-in MPS control daemon on ``pipe``, answering while the block runs."""
+    daemon = subprocess.Popen([MPS_STANDIN, "-f"],
+                              env=dict(node, CUDA_MPS_PIPE_DIRECTORY=str(pipe)))
+    try:
+        for _ in range(200):
+            if (pipe / "control").exists():
+                break
+            time.sleep(0.02)
+        yield
+    finally:
+        daemon.kill()
+        daemon.wait()
+
+
 def test_mps_backend(node, tmp_path):
     pipe = tmp_path / "mps-pipe"
     pipe.mkdir()
@@ -315,18 +324,9 @@ def test_mps_backend(node, tmp_path):
     r = check(node, "--backend", "mps", "--mem", "2", "--mps-pipe-dir", str(pipe),
               "--mps-control", MPS_STANDIN)
     assert r.returncode == 2 and "the MPS control daemon does not answer" in r.stderr
-    daemon = subprocess.Popen([MPS_STANDIN, "-f"],
-                              env=dict(node, CUDA_MPS_PIPE_DIRECTORY=str(pipe)))
-    try:
-        for _ in range(200):
-            if (pipe / "control").exists():
-                break
-            time.sleep(0.02)
+    with mps_standin(node, pipe):
         r = check(node, "--backend", "mps", "--mem", "2", "--core", "30", "--seconds", "1",
                   "--mps-pipe-dir", str(pipe), "--mps-control", MPS_STANDIN, "--json")
-    finally:
-        daemon.kill()
-        daemon.wait()
     out = json.loads(r.stdout)
     assert out["env"]["CUDA_MPS_PIPE_DIRECTORY"] == str(pipe)  # the host's pipe directory
     assert out["env"]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=2048M"

@@ -8,6 +8,7 @@ import os
 import signal
 
 from ..errors import ValidationError
+from .argtypes import reserve_mib
 
 NAME = "agent"
 HELP = "run the node agent: device plugins, mode switching, card-model labels, isolation"
@@ -93,13 +94,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.isolation_check_every > 0:
         raise ValidationError("--isolation-check-every", args.isolation_check_every,
                               "must be a positive number of seconds")
-    reserve_rule = "must be a whole number of MiB, 0 or more, below 65536"
-    try:
-        reserve = int(str(args.reserve_mib).strip())
-    except ValueError:
-        raise ValidationError("--reserve-mib", args.reserve_mib, reserve_rule) from None
-    if not 0 <= reserve < 65536:
-        raise ValidationError("--reserve-mib", args.reserve_mib, reserve_rule)
+    reserve = reserve_mib(args.reserve_mib)
     mps_control = tuple(shlex.split(args.mps_control))
     if not mps_control:
         raise ValidationError("--mps-control", args.mps_control, "must name a command")

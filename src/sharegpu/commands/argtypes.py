@@ -38,3 +38,15 @@ def positive_float(text: str) -> float:
     if v <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be positive")
     return v
+
+
+def reserve_mib(value: object) -> int:
+    """``--reserve-mib``: MiB of each GPU kept out of the GiB it is advertised with."""
+    rule = "must be a whole number of MiB, 0 or more, below 65536"
+    try:
+        v = int(str(value).strip())
+    except ValueError:
+        raise ValidationError("--reserve-mib", value, rule) from None
+    if not 0 <= v < 65536:
+        raise ValidationError("--reserve-mib", value, rule)
+    return v

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from ..errors import ValidationError
+from .argtypes import reserve_mib
 
 NAME = "isolation-check"
 HELP = "check on a GPU node that memory and compute limits hold for a request"
@@ -99,10 +100,7 @@ def request(args: argparse.Namespace):
     if gpu < 0:
         raise ValidationError("--gpu", args.gpu, gpu_rule)
     policy = parse_policy(args.compute_policy, args.backend)
-    reserve_rule = "must be a whole number of MiB, 0 or more, below 65536"
-    reserve = _int("--reserve-mib", args.reserve_mib, reserve_rule)
-    if not 0 <= reserve < 65536:
-        raise ValidationError("--reserve-mib", args.reserve_mib, reserve_rule)
+    reserve = reserve_mib(args.reserve_mib)
     try:
         seconds = float(args.seconds)
     except ValueError:
