@@ -6,7 +6,6 @@
 - :func:`~sharegpu_testing.tls.make_certificates`: a throwaway CA and server certificate.
 """
 
-from .admission import ValidatingWebhook
 from .fakeapi import FakeApiServer, RequestRecord
 from .faults import FaultRule, Faults
 from .status import StatusError
@@ -19,6 +18,5 @@ __all__ = [
     "Faults",
     "RequestRecord",
     "StatusError",
-    "ValidatingWebhook",
     "make_certificates",
 ]

@@ -8,10 +8,11 @@ documents (``/api``, ``/apis``, ``/version``). The parts: :mod:`~sharegpu_testin
 finalizers, history, watches), :mod:`~sharegpu_testing.validation`,
 :mod:`~sharegpu_testing.patches`, :mod:`~sharegpu_testing.selectors`,
 :mod:`~sharegpu_testing.watchstream`, :mod:`~sharegpu_testing.faults`,
-:mod:`~sharegpu_testing.admission` (validating webhooks), :mod:`~sharegpu_testing.tls`.
+:mod:`~sharegpu_testing.tls`.
 
 It is not a kube-apiserver: no authorization, one optional bearer token for authentication,
-no mutating admission, no schema validation beyond the rules in ``validation``, no
+no admission webhooks (the real kube-apiserver calls sharegpu's webhook in
+``tests/e2e/test_webhook_real.py``), no schema validation beyond the rules in ``validation``, no
 server-side apply field ownership (an apply patch merges like a strategic merge patch and
 creates missing objects), no controllers or garbage collection.
 
@@ -42,7 +43,6 @@ from aiohttp import web
 
 from . import resources as res
 from . import status as st
-from .admission import OPERATIONS, ValidatingWebhook, admit, review_request
 from .faults import Faults
 from .patches import PatchError, json_patch, merge_patch, strategic_merge_patch
 from .resources import ResourceType
@@ -143,7 +143,6 @@ class FakeApiServer:
         self.bookmark_interval = bookmark_interval
         self.watch_timeout = watch_timeout
         self.requests: deque[RequestRecord] = deque(maxlen=max_request_log)
-        self.webhooks: list[ValidatingWebhook] = []
         self._runner: web.AppRunner | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -408,10 +407,6 @@ class FakeApiServer:
             elif request.method == "DELETE" and request.can_read_body:
                 raw = await request.read()
                 body = json.loads(raw) if raw.strip() else None
-            operation = OPERATIONS.get(call.verb)
-            hooks = [h for h in self.webhooks if operation and h.matches(operation, call.resource)]
-            if hooks and operation:
-                await self._admit(request, call, body, operation, hooks)
             resp = self._dispatch(request, call, body)
             if decision.error is not None:
                 raise decision.error
@@ -449,59 +444,6 @@ class FakeApiServer:
         return json.loads(raw) if raw.strip() else None
 
     # ------------------------------------------------------------------ verbs
-
-    async def _admit(
-        self,
-        request: web.Request,
-        call: Call,
-        body: Any,
-        operation: str,
-        hooks: list[ValidatingWebhook],
-    ) -> None:
-        """Ask the validating webhooks about a write before it happens: the object is what the
-        write would store (found by performing it as a dry run)."""
-        dry_run = "All" in request.query.getall("dryRun", [])
-        rtype = call.rtype
-        old = obj = None
-        if call.verb == "deletecollection":
-            return  # upstream reviews each deleted object; not modelled
-        if operation == "DELETE":
-            old = self.store.find(rtype, call.namespace, call.name or "")
-        elif rtype is res.BINDING or call.sub == "binding":
-            obj = body
-        else:
-            candidate = self._dispatch(request, call, body, force_dry_run=True)
-            obj = json.loads(candidate.body)  # type: ignore[arg-type]
-            if operation == "UPDATE":
-                old = self.store.find(rtype, call.namespace, call.name or "")
-        name = call.name or ((obj or {}).get("metadata") or {}).get("name", "")
-        review = review_request(
-            operation=operation, rtype=rtype, sub=call.sub, name=name,
-            namespace=call.namespace, obj=obj, old=old, dry_run=dry_run,
-        )  # fmt: skip
-        await admit(hooks, review)
-
-    def add_validating_webhook(
-        self,
-        name: str,
-        url: str,
-        *,
-        resources: tuple[str, ...] = ("*",),
-        operations: tuple[str, ...] = ("CREATE", "UPDATE"),
-        ca_file: Path | str | None = None,
-        failure_policy: str = "Fail",
-        timeout: float = 10.0,
-    ) -> ValidatingWebhook:
-        """Register a validating admission webhook (an ``admission.k8s.io/v1`` endpoint) for
-        writes to ``resources`` (``pods``, ``pods/binding``, ``*``)."""
-        if failure_policy not in ("Fail", "Ignore"):
-            raise ValueError(f"failure_policy={failure_policy!r}: must be Fail or Ignore")
-        hook = ValidatingWebhook(
-            name, url, frozenset(resources), frozenset(operations),
-            Path(ca_file) if ca_file else None, failure_policy, timeout,
-        )  # fmt: skip
-        self.webhooks.append(hook)
-        return hook
 
     def _dispatch(
         self, request: web.Request, call: Call, body: Any, *, force_dry_run: bool = False
