@@ -50,6 +50,7 @@ from sharegpu.agent.isolation import ComputePolicy, IsolationConfig  # noqa: E40
 from sharegpu.isolation_check.check import (  # noqa: E402
     MIB,
     Check,
+    DeviceMemory,
     Request,
     Runner,
     baseline_info,
@@ -60,6 +61,7 @@ from sharegpu.isolation_check.check import (  # noqa: E402
     overall_ok,
     run_check,
 )
+from sharegpu.isolation_check.render import value_text  # noqa: E402
 
 TORCH_GIB = 4
 
@@ -123,22 +125,10 @@ def nvml_process_mib(pid: int, gpu: int) -> float | None:
         return None
 
 
-def nvml_used_mib(gpu: int) -> float | None:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            return pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(gpu)).used / MIB
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:
-        return None
-
-
 def torch_run(env: dict[str, str], gpu: int, timeout: float) -> dict[str, Any]:
     """Runs the PyTorch probe in ``env``; its two lines, NVML's reading at the OOM point."""
-    before = nvml_used_mib(gpu)
+    device = DeviceMemory(gpu)
+    before = device.used_mib()
     p = subprocess.Popen([sys.executable, "-c", TORCH_PROBE], env=env, text=True,
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
@@ -149,7 +139,7 @@ def torch_run(env: dict[str, str], gpu: int, timeout: float) -> dict[str, Any]:
             return {"error": (err.strip().splitlines() or ["no output"])[-1]}
         first = json.loads(line)
         first["nvml_process_mib"] = nvml_process_mib(p.pid, gpu)
-        during = nvml_used_mib(gpu)
+        during = device.used_mib()
         first["nvml_device_delta_mib"] = (None if before is None or during is None
                                           else during - before)
         p.stdin.write("go\n")
@@ -159,6 +149,7 @@ def torch_run(env: dict[str, str], gpu: int, timeout: float) -> dict[str, Any]:
             "error": (err.strip().splitlines() or ["no output"])[-1]}
         return {**first, **last, "returncode": p.returncode}
     finally:
+        device.close()
         if p.poll() is None:
             p.kill()
             p.communicate()
@@ -292,15 +283,6 @@ def mps_daemon(control: str):
                 log(f"  {f.name}: " + " | ".join(f.read_text().strip().splitlines()[-3:]))
 
 
-def _cell(value: Any, unit: str) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return str(value)
-    text = f"{value:,.3f}" if unit == "×" else f"{value:,}"
-    return f"{text}×" if unit == "×" else f"{text} {unit}".strip()
-
-
 def markdown(doc: dict[str, Any]) -> str:
     m = doc["meta"]
     gpu = m.get("gpu", {})
@@ -324,8 +306,8 @@ def markdown(doc: dict[str, Any]) -> str:
                 out.append(f"| {s['name']} | — | — | {s['error']} | — | **could not run** |")
             for c in s["checks"]:
                 res = "info" if c["ok"] is None else "pass" if c["ok"] else "**FAIL**"
-                out.append(f"| {s['name']} | {c['name']} | {_cell(c['asked'], c['unit'])} | "
-                           f"{_cell(c['measured'], c['unit'])} | {c['tolerance'] or '—'} | "
+                out.append(f"| {s['name']} | {c['name']} | {value_text(c['asked'], c['unit'])} | "
+                           f"{value_text(c['measured'], c['unit'])} | {c['tolerance'] or '—'} | "
                            f"{res} |")
         out.append("")
     if m.get("mps_absent"):

@@ -2,13 +2,12 @@
 back-end (SPEC §6), and the cGPU compute policy that decides how compute is shared.
 
 - ``hami`` (modes ``cgpu`` and ``core_mem``): HAMi-core's ``libvgpu.so`` mounted at
-  ``/usr/local/vgpu/libvgpu.so`` in the container and preloaded from there, by ``LD_PRELOAD`` and
-  by the loader's own list ``/etc/ld.so.preload`` (a file the agent writes, mounted read-only:
-  the pod's own ``LD_PRELOAD`` would replace the agent's)
-  (HAMi-core looks its own hooks up by opening that path: a library elsewhere in the container
-  loads but limits nothing, as measured on an H200 — bench/README.md, "Isolation on a real
-  GPU"); ``CUDA_DEVICE_MEMORY_LIMIT_<i>`` per visible GPU and, when the container's
-  compute is capped, ``CUDA_DEVICE_SM_LIMIT`` with ``GPU_CORE_UTILIZATION_POLICY=force``.
+  ``/usr/local/vgpu/libvgpu.so`` in the container (where HAMi mounts it, and the path HAMi-core
+  opens to find its own hooks) and preloaded from there, by ``LD_PRELOAD`` and by the loader's
+  own list ``/etc/ld.so.preload`` (a file the agent writes, mounted read-only: the pod's own
+  ``LD_PRELOAD`` would replace the agent's); ``CUDA_DEVICE_MEMORY_LIMIT_<i>`` per visible GPU
+  and, when the container's compute is capped, ``CUDA_DEVICE_SM_LIMIT`` with
+  ``GPU_CORE_UTILIZATION_POLICY=force``.
 - ``mps`` (mode ``mps``): the MPS client limits ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` and
   ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, with the control daemon's pipe directory and its shared
   memory directory (as ``/dev/shm``) mounted.

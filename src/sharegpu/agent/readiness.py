@@ -159,6 +159,9 @@ def write_preload_list(path: str) -> str | None:
     """Make the host file ``path`` hold what containers get as ``/etc/ld.so.preload`` (written
     whole, and only when it differs); why it could not be, or ``None``."""
     want = preload_list_text()
+    if os.path.isdir(path):
+        return (f"the preload list {path} is a directory (a container runtime makes one when a "
+                "mount's source is missing): remove it")
     try:
         with open(path) as f:
             if f.read() == want:
@@ -166,11 +169,7 @@ def write_preload_list(path: str) -> str | None:
     except FileNotFoundError:
         pass
     except OSError as e:
-        if not os.path.isdir(path):
-            return f"the preload list {path} cannot be read ({e.strerror or e})"
-    if os.path.isdir(path):
-        return (f"the preload list {path} is a directory (a container runtime makes one when a "
-                "mount's source is missing): remove it")
+        return f"the preload list {path} cannot be read ({e.strerror or e})"
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)

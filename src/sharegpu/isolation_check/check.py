@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ShareGpuError, ValidationError
+from .probe import grid_blocks
 
 MIB = 1 << 20
 MEM_TOLERANCE = 0.01  # of the limit
@@ -218,13 +219,19 @@ def decide_shared_sum(limit_mib: float, a_used_mib: float, b_own_mib: float,
                  f"{b_largest_mib:.0f} MiB")
 
 
-def decide_fill_within(limit_mib: float, usages_mib: Sequence[float]) -> Check:
+def decide_each_within(key: str, name: str, limit_mib: float, usages_mib: Sequence[float],
+                       what: str) -> Check:
+    """No pod past its limit (+1 %): the most any of them used, ``what`` naming the count."""
     worst = max(usages_mib)
     ok = worst <= limit_mib + mem_tolerance_mib(limit_mib)
-    return Check("fill.within", "fill: within limits", limit_mib, _mib(worst),
+    return Check(key, name, limit_mib, _mib(worst),
                  f"at most +1 % (+{mem_tolerance_mib(limit_mib):.0f} MiB)", ok, "MiB",
-                 f"the most any of {len(usages_mib)} pods used: "
-                 + ", ".join(f"{u:.0f}" for u in usages_mib) + " MiB")
+                 what + ", ".join(f"{u:.0f}" for u in usages_mib) + " MiB")
+
+
+def decide_fill_within(limit_mib: float, usages_mib: Sequence[float]) -> Check:
+    return decide_each_within("fill.within", "fill: within limits", limit_mib, usages_mib,
+                              f"the most any of {len(usages_mib)} pods used: ")
 
 
 def decide_fill_reach(limit_mib: float, usages_mib: Sequence[float], gpu_mib: float) -> Check:
@@ -361,22 +368,20 @@ class DeviceMemory:
     def available(self) -> bool:
         return self._nvml is not None
 
-    def used_mib(self) -> float | None:
+    def _reading(self, field: str) -> float | None:
         if self._nvml is None:
             return None
         try:
-            return self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used / MIB
+            return getattr(self._nvml.nvmlDeviceGetMemoryInfo(self._handle), field) / MIB
         except Exception:
             return None
 
+    def used_mib(self) -> float | None:
+        return self._reading("used")
+
     def total_mib(self) -> float | None:
         """The GPU's memory as NVML reports it: what the node agent advertises (in GiB)."""
-        if self._nvml is None:
-            return None
-        try:
-            return self._nvml.nvmlDeviceGetMemoryInfo(self._handle).total / MIB
-        except Exception:
-            return None
+        return self._reading("total")
 
     def close(self) -> None:
         if self._nvml is not None:
@@ -402,12 +407,9 @@ def decide_device(limit_mib: float, grew_mib: float, largest_mib: float,
 
 
 def decide_fill_device(limit_mib: float, grew_mib: Sequence[float]) -> Check:
-    worst = max(grew_mib)
-    ok = worst <= limit_mib + mem_tolerance_mib(limit_mib)
-    return Check("fill.device", "fill: within limits (driver's count)", limit_mib, _mib(worst),
-                 f"at most +1 % (+{mem_tolerance_mib(limit_mib):.0f} MiB)", ok, "MiB",
-                 "NVML: what the GPU's used memory grew by as each pod took its share: "
-                 + ", ".join(f"{g:.0f}" for g in grew_mib) + " MiB")
+    return decide_each_within("fill.device", "fill: within limits (driver's count)", limit_mib,
+                              grew_mib, "NVML: what the GPU's used memory grew by as each pod "
+                              "took its share: ")
 
 
 # ---- the probes ----
@@ -671,7 +673,7 @@ def run_check(req: Request, *, base_env: Mapping[str, str] | None = None,
                     report.checks.append(decide_device(req.limit_mib, grew, largest, uncounted))
                 elif not held.ok:
                     report.checks.append(probe_failed("mem.device",
-                                                      "limit reachable (driver's count)",
+                                                      "device usage (driver's count)",
                                                       req.limit_mib, held.error, "MiB"))
             report.gpu["nvml"] = "used" if device.available else f"not used: {device.error}"
             say("memory: limit, largest allocation, allocation past the limit")
@@ -695,7 +697,8 @@ def run_check(req: Request, *, base_env: Mapping[str, str] | None = None,
                 report.checks.append(compute_check(
                     runner, req, container("compute-a", req.core),
                     container("compute-b", 100 - req.core), timeout,
-                    blocks=grid_blocks(int(info["multiprocessors"]))))
+                    blocks=grid_blocks(int(info["multiprocessors"]),
+                                       int(info["threads_per_multiprocessor"]))))
 
             if req.fill:
                 n = max(1, gib // req.mem_gib)
@@ -819,14 +822,6 @@ def fill_checks(runner: Runner, req: Request, n: int, pod_env: Any, upper: list[
         decide_fill_codes("fill.survives", "fill: survives",
                           [r.data.get("after_code") if r.ok else None for r in done], 0, names),
     ]
-
-
-def grid_blocks(multiprocessors: int) -> int:
-    """The compute probes' grid: eight waves of blocks filling the GPU as the bare process sees
-    it. Both pods launch this same grid, so a kernel is the same work in each: an MPS client held
-    to part of the SMs is shown only that part, and a grid sized from what it sees would be
-    smaller work (on an H200 a 30/70 split then completed equal kernel counts)."""
-    return max(1, multiprocessors) * 16 * 8
 
 
 def compute_check(runner: Runner, req: Request, env_a: Mapping[str, str],

@@ -238,6 +238,13 @@ class Cuda:
         rc = self.fn["cuMemAlloc_v2"](ctypes.byref(ptr), nbytes)
         return rc, ptr.value
 
+    def alloc_free(self, nbytes: int) -> int:
+        """Allocate ``nbytes`` and free them again at once: the CUresult of the allocation."""
+        rc, ptr = self.try_alloc(nbytes)
+        if rc == CUDA_SUCCESS:
+            self.free(ptr)
+        return rc
+
     def free(self, ptr: int) -> None:
         self.call("cuMemFree_v2", ctypes.c_uint64(ptr))
 
@@ -254,6 +261,15 @@ class Cuda:
         raise ProbeError(f"cuMemAlloc_v2({mib} MiB) failed: {self.name_of(rc)} ({rc})", code=rc)
 
 
+def grid_blocks(multiprocessors: int, threads_per_multiprocessor: int = 2048) -> int:
+    """A launch's grid: WAVES waves of blocks, each wave filling every multiprocessor. Sized from
+    what the bare process sees, it is the same work in every pod: an MPS client is shown only its
+    share of the SMs, and a grid sized from that would be less work (on an H200 a 30/70 split
+    then completed equal kernel counts)."""
+    per_wave = max(1, multiprocessors) * max(1, threads_per_multiprocessor // THREADS_PER_BLOCK)
+    return per_wave * WAVES
+
+
 class Kernel:
     def __init__(self, cuda: Cuda, kind: str = "spin") -> None:
         self.cuda = cuda
@@ -266,7 +282,7 @@ class Kernel:
         self.clock_khz = cuda.attribute_or(ATTR_CLOCK_RATE, 1_000_000)
         # a grid that fills every multiprocessor WAVES times over: a process held to a part of
         # the SMs (MPS) needs more waves, and so more time, for one launch
-        self.per_wave = sms * max(1, threads // THREADS_PER_BLOCK)
+        self.grid = grid_blocks(sms, threads)
         self.cycles = ctypes.c_uint64(0)
         self.arg = ctypes.cast(ctypes.pointer(self.cycles), ctypes.c_void_p)
         self.params = (ctypes.c_void_p * 1)(self.arg)
@@ -290,7 +306,8 @@ def stdin_line(timeout: float) -> bool:
 def act_info(cuda: Cuda, args) -> dict:
     out = cuda.device_info()
     free, total = cuda.mem_info()
-    out.update(ctx_free_bytes=free, ctx_total_bytes=total)
+    out.update(ctx_free_bytes=free, ctx_total_bytes=total, threads_per_multiprocessor=(
+        cuda.attribute_or(ATTR_MAX_THREADS_PER_MULTIPROCESSOR, 2048)))
     return out
 
 
@@ -309,26 +326,34 @@ def largest_mib(cuda: Cuda, upper: int) -> int:
     return lo
 
 
-def act_mem(cuda: Cuda, args) -> dict:
+def largest_now(cuda: Cuda, args) -> tuple[int, int, int, int]:
+    """(free, total at start, the upper bound searched, the largest allocation that succeeds)."""
     free0, total = cuda.mem_info()
     upper = max(args.upper_mib, total // MIB, free0 // MIB)
-    largest = largest_mib(cuda, upper)
-    single_rc, ptr = cuda.try_alloc((largest + 1) * MIB)
-    if single_rc == CUDA_SUCCESS:
-        cuda.free(ptr)
+    return free0, total, upper, largest_mib(cuda, upper)
+
+
+def wait_stdin_closed(timeout: float) -> None:
+    """Hold on until stdin closes (the check lets go of the probe) or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r, _, _ = select.select([sys.stdin], [], [], max(0.0, deadline - time.monotonic()))
+        if r and not sys.stdin.readline():
+            break
+
+
+def act_mem(cuda: Cuda, args) -> dict:
+    free0, total, upper, largest = largest_now(cuda, args)
+    single_rc = cuda.alloc_free((largest + 1) * MIB)
     # hold the largest, then ask for 1 MiB more
     rc, held = cuda.try_alloc(largest * MIB) if largest else (CUDA_SUCCESS, 0)
     over_rc = None
     if rc == CUDA_SUCCESS:
-        over_rc, ptr = cuda.try_alloc(MIB)
-        if over_rc == CUDA_SUCCESS:
-            cuda.free(ptr)
+        over_rc = cuda.alloc_free(MIB)
         if held:
             cuda.free(held)
     # still alive: a small allocation works again
-    after_rc, ptr = cuda.try_alloc(MIB)
-    if after_rc == CUDA_SUCCESS:
-        cuda.free(ptr)
+    after_rc = cuda.alloc_free(MIB)
     free1, _ = cuda.mem_info()
     return {
         "total_bytes": total, "free_bytes": free0, "upper_mib": upper,
@@ -351,11 +376,7 @@ def act_hold(cuda: Cuda, args) -> dict:
     free1, _ = cuda.mem_info()
     emit({"ready": True, "held_mib": args.mib, "total_bytes": total, "free_bytes": free0,
           "free_held_bytes": free1})
-    deadline = time.monotonic() + args.timeout
-    while time.monotonic() < deadline:
-        r, _, _ = select.select([sys.stdin], [], [], max(0.0, deadline - time.monotonic()))
-        if r and not sys.stdin.readline():
-            break  # stdin closed: let go
+    wait_stdin_closed(args.timeout)
     cuda.close()
     return {"released": True}
 
@@ -364,39 +385,29 @@ def act_fill(cuda: Cuda, args) -> dict:
     """Take the largest allocation there is and hold it: one pod of a GPU being filled. The ready
     line says what it got and what 1 MiB more gave; it lets go when stdin closes, then checks
     that 1 MiB can be had again."""
-    free0, total = cuda.mem_info()
-    upper = max(args.upper_mib, total // MIB, free0 // MIB)
-    largest = largest_mib(cuda, upper)
+    free0, total, _, largest = largest_now(cuda, args)
     rc, held = cuda.try_alloc(largest * MIB) if largest else (CUDA_SUCCESS, 0)
     if rc != CUDA_SUCCESS:
         raise ProbeError(f"cuMemAlloc_v2({largest} MiB) failed: {cuda.name_of(rc)} ({rc})",
                          code=rc)
     if held:
         cuda.ptrs.append(held)
-    past_rc, ptr = cuda.try_alloc(MIB)
-    if past_rc == CUDA_SUCCESS:
-        cuda.free(ptr)
+    past_rc = cuda.alloc_free(MIB)
     free1, _ = cuda.mem_info()
     emit({"ready": True, "total_bytes": total, "free_bytes": free0, "largest_mib": largest,
           "free_held_bytes": free1, "past_code": past_rc, "past_name": cuda.name_of(past_rc)})
-    deadline = time.monotonic() + args.timeout
-    while time.monotonic() < deadline:
-        r, _, _ = select.select([sys.stdin], [], [], max(0.0, deadline - time.monotonic()))
-        if r and not sys.stdin.readline():
-            break  # stdin closed: let go
+    wait_stdin_closed(args.timeout)
     for p in cuda.ptrs:
         cuda.free(p)
     cuda.ptrs.clear()
-    after_rc, ptr = cuda.try_alloc(MIB)
-    if after_rc == CUDA_SUCCESS:
-        cuda.free(ptr)
+    after_rc = cuda.alloc_free(MIB)
     return {"released": True, "after_code": after_rc, "after_name": cuda.name_of(after_rc)}
 
 
 def act_spin(cuda: Cuda, args) -> dict:
     k = Kernel(cuda, args.kernel)
     cycles = args.cycles if args.cycles is not None else k.cycles_for(args.kernel_ms)
-    blocks = args.blocks or k.per_wave * WAVES
+    blocks = args.blocks or k.grid
     k.launch(cycles, blocks)  # warm-up (module upload, first launch)
     if args.wait_go:
         emit({"ready": True})

@@ -7,7 +7,8 @@ from typing import Any
 from .check import Check, Report
 
 
-def _value(v: Any, unit: str) -> str:
+def value_text(v: Any, unit: str) -> str:
+    """A measured or asked value with its unit, as the table and bench/isolation_gpu.py show it."""
     if v is None:
         return "—"
     if isinstance(v, bool) or not isinstance(v, int | float):
@@ -38,7 +39,7 @@ def table(report: Report, console: Any) -> None:
     for col in ("check", "asked", "measured", "tolerance", "result"):
         t.add_column(col, justify="right" if col in ("asked", "measured") else "left")
     for c in report.checks:
-        t.add_row(c.name, _value(c.asked, c.unit), _value(c.measured, c.unit), c.tolerance,
+        t.add_row(c.name, value_text(c.asked, c.unit), value_text(c.measured, c.unit), c.tolerance,
                   _result(c))
     console.print(t)
     for c in report.checks:
