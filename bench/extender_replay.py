@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
                       "seconds": round(time.perf_counter() - t0, 1)},
     }
     for hidden in (False, True) if not a.no_hidden else (False,):
-        fake = FakeApiServer().start()
+        fake = FakeApiServer(kubelet_start_s=0.0).start()  # kubelets start bound pods at once
         try:
             got = asyncio.run(replay(fake, nodes, pods, a.seed, where, policy=a.policy,
                                      hide_host=hidden))

@@ -92,6 +92,7 @@ from e2e.controlplane import (  # noqa: E402
 )
 from e2e.realcluster import (  # noqa: E402
     ChartRbac,
+    StandInKubelets,
     gpu_node_object,
     gpu_pod,
     make_namespace,
@@ -256,12 +257,16 @@ class Bench:
         cp.stop_scheduler()
         ns = make_namespace(self.admin, f"bench-{arm}")
         extender: SharegpuProcess | None = None
+        kubelets: StandInKubelets | None = None
         metrics_url = ""
         try:
             if arm == "with":
                 local = start_extender(cp, self.docs, "sharegpu-extender-0",
                                        self.ext_kubeconfig, port=self.ext_port)
                 extender, metrics_url = local.proc, local.metrics_url
+                # each node's kubelet and agent mark bound pods assigned, as in a cluster (the
+                # extender waits for that before binding a look-alike: sharegpu.startingpods)
+                kubelets = StandInKubelets(cp.admin_kubeconfig, ns).start()
             t_create = create_pods(self.admin, ns, pod_objects(n_pods, seed, "p"), a.workers)
             cp.restart_scheduler(config=self.scheduler_config(arm), extra_args=self.sched_args)
             series, cpu = self._poll(n_pods, time.monotonic(), self.pids(extender), extender)
@@ -282,6 +287,8 @@ class Bench:
             cp.stop_scheduler()
             if extender is not None:
                 extender.stop()
+            if kubelets is not None:
+                kubelets.stop()
         delete_namespace(self.admin, ns, a.wait)
         return summarize(arm, n_nodes, n_pods, series, cpu, backlog_text, paced_text, ext_text,
                          t_create, os.sysconf("SC_CLK_TCK"))

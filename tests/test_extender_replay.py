@@ -26,11 +26,12 @@ def test_openb_replay_through_the_extender_matches_the_simulator(
     seq = stream(pods, sum(len(n.gpu_mem) for n in nodes), SEED)
     assert sum(tp.num_gpu == 0 and w is not None for tp, w in zip(seq, where, strict=True)) > 20
 
-    got = asyncio.run(replay(fake_api_factory(), nodes, pods, SEED, where))
+    got = asyncio.run(replay(fake_api_factory(kubelet_start_s=0.0), nodes, pods, SEED, where))
     assert got.placements == where
     assert got.unallocated_pct == sim.unallocated_pct
 
-    hidden = asyncio.run(replay(fake_api_factory(), nodes, pods, SEED, where, hide_host=True))
+    hidden = asyncio.run(replay(fake_api_factory(kubelet_start_s=0.0), nodes, pods, SEED, where,
+                               hide_host=True))
     gpu = [i for i, tp in enumerate(seq) if tp.num_gpu]
     differ = sum(hidden.placements[i] != where[i] for i in gpu)
     assert differ > len(gpu) // 10, differ

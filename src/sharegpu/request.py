@@ -41,6 +41,8 @@ class ContainerRequest:
     gpu_core: int = 0
     gpus: int = 1
     whole: bool = False
+    # ``CGPU_DISABLE=true`` in the container's env: no isolation for it (SPEC §6)
+    isolation_off: bool = False
 
     @property
     def total_mem(self) -> int:
@@ -156,6 +158,23 @@ def _short(value: Any) -> Any:
     return type(value).__name__
 
 
+def is_true(v: object) -> bool:
+    """A label or environment value that switches something on: ``true``, any case."""
+    return str(v or "").strip().lower() == "true"
+
+
+def isolation_opted_out(container: Mapping[str, Any]) -> bool:
+    """``CGPU_DISABLE=true`` among the container's environment variables (the last one
+    named so counts, as in the container runtime)."""
+    env = container.get("env")
+    out = False
+    if isinstance(env, list):
+        for e in env:
+            if isinstance(e, Mapping) and e.get("name") == names.ENV_CGPU_DISABLE:
+                out = is_true(e.get("value"))
+    return out
+
+
 def _container(
     index: int, container: Mapping[str, Any], gpu_count: int | None
 ) -> tuple[Kind, ContainerRequest | None]:
@@ -210,7 +229,8 @@ def _container(
             )
         core = values.get(names.RES_GPU_CORE, 0)
         kind = Kind.SHARED_CORE if core else Kind.SHARED
-        return kind, ContainerRequest(index, name, gpu_mem=mem // k, gpu_core=core, gpus=k)
+        return kind, ContainerRequest(index, name, gpu_mem=mem // k, gpu_core=core, gpus=k,
+                                      isolation_off=isolation_opted_out(container))
     return Kind.NONE, None
 
 

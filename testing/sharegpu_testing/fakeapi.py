@@ -52,6 +52,11 @@ from .store import Obj, Store
 from .tls import make_certificates
 from .watchstream import serve_watch
 
+# what sharegpu's agent writes on a pod once the kubelet allocated its devices
+ANN_ALLOCATION = "scheduler.framework.gpushare.allocation"
+ANN_ASSIGNED = "scheduler.framework.gpushare.assigned"
+ANN_MEM_ASSIGNED = "ALIYUN_COM_GPU_MEM_ASSIGNED"
+
 _log = logging.getLogger(__name__)
 
 JSON = "application/json"
@@ -127,8 +132,14 @@ class FakeApiServer:
         max_request_log: int = 10000,
         tls: bool = False,
         token: str | None = None,
+        kubelet_start_s: float | None = None,
     ) -> None:
+        """``kubelet_start_s``: play each node's kubelet and sharegpu agent: that long after a
+        pod's binding, a pod carrying a sharegpu decision is marked ``assigned``, as the agent
+        marks it once the kubelet has allocated its devices. ``None``: no kubelet runs, so
+        bound pods stay starting (sharegpu.startingpods)."""
         self.host = host
+        self.kubelet_start_s = kubelet_start_s
         self.port = port
         self.tls = tls
         self.token = token
@@ -148,6 +159,19 @@ class FakeApiServer:
         self._thread: threading.Thread | None = None
         self._tmpdir: Path | None = None
         self.kubeconfig_path: Path | None = None
+
+    def _kubelet_starts(self, namespace: str, name: str) -> None:
+        """The node's kubelet admitted the pod and the agent marked it assigned."""
+        def mutate(cur: Obj | None) -> Obj:
+            assert cur is not None
+            ann = cur.setdefault("metadata", {}).setdefault("annotations", {}) or {}
+            if ann.get(ANN_ALLOCATION) and ann.get(ANN_ASSIGNED) != "true":
+                ann[ANN_ASSIGNED] = "true"
+                ann[ANN_MEM_ASSIGNED] = "true"
+            return cur
+
+        with contextlib.suppress(st.StatusError):  # deleted meanwhile
+            self.store.update(res.POD, namespace, name, mutate)
 
     # ================================================================== lifecycle
 
@@ -480,6 +504,9 @@ class FakeApiServer:
                 if not call.namespace:
                     raise st.method_not_allowed()
                 store.bind(call.namespace, name, body, dry_run=dry_run)
+                if self.kubelet_start_s is not None and not dry_run:
+                    asyncio.get_running_loop().call_later(
+                        self.kubelet_start_s, self._kubelet_starts, call.namespace, name)
                 return _json_response(st.status_object(201, success=True), 201)
             if not isinstance(body, dict):
                 raise st.bad_request("the request body must be a JSON object")

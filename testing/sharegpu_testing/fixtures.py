@@ -7,7 +7,9 @@ Use from a test suite's ``conftest.py``::
 ``fake_api`` is a started :class:`~sharegpu_testing.fakeapi.FakeApiServer` (background thread,
 so sync and async tests alike can use it); ``fake_api_factory(**options)`` starts more, or
 with options (``history_size``, ``seed``, ``bookmark_interval``, ``watch_timeout``,
-``graceful_pod_deletion``, ``strict_namespaces``). All are stopped at the end of the test.
+``graceful_pod_deletion``, ``strict_namespaces``, ``kubelet_start_s``: by default every node's
+kubelet and agent start a bound pod 20 ms after its binding; ``None`` for no kubelets). All are
+stopped at the end of the test.
 ``fake_api_env`` is ``fake_api`` with ``$KUBECONFIG`` pointing at it for the test, for code
 that finds its cluster the default way (in-cluster, else ``$KUBECONFIG``).
 """
@@ -27,6 +29,7 @@ def fake_api_factory() -> Iterator[Callable[..., FakeApiServer]]:
     started: list[FakeApiServer] = []
 
     def make(**options: Any) -> FakeApiServer:
+        options.setdefault("kubelet_start_s", 0.02)
         server = FakeApiServer(**options).start()
         started.append(server)
         return server

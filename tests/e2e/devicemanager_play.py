@@ -27,6 +27,8 @@ from sharegpu.agent.allocate import ANN_GRANT
 from sharegpu.agent.devices import SEP
 from sharegpu.agent.isolation import HAMI_CONTAINER_LIBRARY
 from sharegpu.annotations import Allocation, decode, encode
+from sharegpu.request import parse_pod
+from sharegpu.startingpods import StartingPods, container_grants
 
 IMAGE = "registry.invalid/sharegpu/cuda:never-pulled"  # no container runtime: never pulled
 
@@ -78,16 +80,20 @@ def pod_object(name: str, namespace: str, node: str, reqs: Sequence[Mapping[str,
     }
 
 
-def place(n: int, gpus: Sequence[FakeGpu], *, seed: int, core: bool = False
+def place(n: int, gpus: Sequence[FakeGpu], *, seed: int, core: bool = False,
+          starting: StartingPods | None = None,
           ) -> list[tuple[str, list[dict[str, int]], Allocation, int | None]]:
     """``n`` pod shapes and placements, as a bin-packing scheduler could have chosen them on
     these GPUs: (kind, container requests, decision, gpu-count label). With ``core`` every
-    container also asks for compute on its (single) GPU."""
+    container also asks for compute on its (single) GPU. With ``starting`` (the pods of the
+    node the kubelet has not started), only placements the extender's binder lets through
+    while none of them has started (sharegpu.startingpods)."""
     rng = random.Random(seed)
     free_mem = [g.gib for g in gpus]
     free_core = [100] * len(gpus)
     out: list[tuple[str, list[dict[str, int]], Allocation, int | None]] = []
     kinds = ["single"] * 3 + ["multi-container"] * 2 + ([] if core else ["multi-gpu"])
+    twins: dict[str, Allocation] = {}  # a placed shape's decision, to place a twin on
     for _ in range(100_000):
         if len(out) == n:
             break
@@ -106,10 +112,17 @@ def place(n: int, gpus: Sequence[FakeGpu], *, seed: int, core: bool = False
         mem, cores = list(free_mem), list(free_core)
         alloc_mem: dict[int, dict[int, int]] = {}
         alloc_core: dict[int, dict[int, int]] = {}
+        # with the kubelet not running, the binder lets a pod through beside a starting pod
+        # making the same first request only as its twin: half the time take a twin's GPUs
+        twin = twins.get(repr((reqs, count))) if starting is not None else None
+        if twin is not None and rng.random() < 0.5:
+            twin = None
         for c, r in enumerate(reqs):
             k = count or 1
             per = r["mem"] // k
             fits = [g for g in range(len(gpus)) if mem[g] >= per and cores[g] >= r.get("core", 0)]
+            if twin is not None:
+                fits = [g for g in twin.mem[c] if g in fits]
             if len(fits) < k:
                 break
             chosen = rng.sample(fits, k)
@@ -120,8 +133,17 @@ def place(n: int, gpus: Sequence[FakeGpu], *, seed: int, core: bool = False
             if r.get("core"):
                 alloc_core[c] = {g: r["core"] for g in chosen}
         else:
+            alloc = Allocation(mem=alloc_mem, core=alloc_core)
+            if starting is not None:
+                obj = pod_object(f"p{len(out):02d}", "ns", "node", reqs, alloc, 0,
+                                 gpu_count=count)
+                req = parse_pod(obj)
+                if starting.conflict("node", req, alloc) is not None:
+                    continue
+                starting.add(req.key, "node", req, alloc)
+                twins.setdefault(repr((reqs, count)), alloc)
             free_mem, free_core = mem, cores
-            out.append((kind, reqs, Allocation(mem=alloc_mem, core=alloc_core), count))
+            out.append((kind, reqs, alloc, count))
     assert len(out) == n, f"only {len(out)} pods fit"
     return out
 
@@ -227,6 +249,17 @@ def mismatches(report: Mapping[str, Any], pods: Mapping[str, Mapping[str, Any]],
     by_uuid = {g.uuid: g.index for g in gpus}
     out: list[str] = []
     seen = set()
+    # what each pod container gets, as the kubelet can see it (sharegpu.startingpods): two
+    # containers with the same grant are the same to the kubelet and get the same answer
+    same: dict[str, Any] = {}
+    for ref, pod in pods.items():
+        alloc = decode(pod["metadata"]["annotations"])
+        assert alloc is not None
+        req = parse_pod(pod)
+        names_of = {c.index: c.name for c in req.containers}
+        for i, g in container_grants(req, alloc).items():
+            same[f"{ref}/{names_of[i]}"] = g
+    handed: dict[tuple[str, str], str] = {}
     for rp in report["pods"]:
         ref = f"{rp['namespace']}/{rp['name']}"
         seen.add(ref)
@@ -269,8 +302,12 @@ def mismatches(report: Mapping[str, Any], pods: Mapping[str, Mapping[str, Any]],
                     out.append(f"{where}: the {res} answer gives {names.ENV_VISIBLE_DEVICES}="
                                f"{vis!r}")
                 granted = (resp.get("annotations") or {}).get(ANN_GRANT)
-                if granted != f"{ref}/{c['name']}":
+                if granted != where and (granted not in same or same[granted] != same[where]):
                     out.append(f"{where}: the {res} answer was handed out to {granted!r}")
+                if granted is not None and (granted, res) in handed:
+                    out.append(f"{where}: the {res} answer of {granted} was handed out twice "
+                               f"(also to {handed[granted, res]})")
+                handed[granted or where, res] = where
     for ref in pods:
         if ref not in seen:
             out.append(f"{ref}: not in the device manager's report")

@@ -17,6 +17,7 @@
   connection goes to a replica whose ``/readyz`` answers 200 (round robin; TLS passes through);
 - :class:`PodWatch`: a watch on one namespace's pods recording, per pod, when it was seen bound
   (wall clock), to which node, and each decision annotation written on it;
+  :class:`StandInKubelets` also marks bound pods assigned, as each node's kubelet and agent do;
 - GPU nodes as the agent leaves them (:func:`gpu_node`) and GPU pods (:func:`gpu_pod`).
 """
 
@@ -45,6 +46,7 @@ from lightkube.resources.core_v1 import Namespace, Node, Pod, ServiceAccount
 from lightkube.types import PatchType
 
 from sharegpu import names
+from sharegpu.annotations import assigned_patch, is_assigned
 from sharegpu.modes import Mode, advertised_resources
 
 from .components import (
@@ -508,6 +510,31 @@ class PodWatch:
                 time.sleep(0.1)
 
 
+class StandInKubelets(PodWatch):
+    """Plays every node's kubelet and sharegpu agent for ``namespace``'s pods: a pod seen bound
+    with a sharegpu decision is marked ``assigned`` at once, as the agent marks it once the
+    kubelet has allocated its devices (the extender binds a pod the kubelet could mistake for
+    a starting one only after that, see sharegpu.startingpods)."""
+
+    def __init__(self, kubeconfig: Path, namespace: str) -> None:
+        super().__init__(kubeconfig, namespace)
+        self.started: set[str] = set()
+
+    def _see(self, pod: Mapping[str, Any]) -> None:
+        super()._see(pod)
+        meta = pod.get("metadata") or {}
+        anns = meta.get("annotations") or {}
+        name = meta.get("name", "")
+        if (not (pod.get("spec") or {}).get("nodeName") or not anns.get(names.ANN_ALLOCATION)
+                or is_assigned(anns) or name in self.started):
+            return
+        body = json.dumps({"metadata": {"annotations": assigned_patch()}})
+        r = self.http.request("PATCH", f"{self.path}/{name}", content=body,
+                              headers={"Content-Type": "application/merge-patch+json"})
+        if r.status_code == 200:
+            self.started.add(name)
+
+
 # ---------------------------------------------------------------------------------------------
 # nodes and pods
 
@@ -596,6 +623,7 @@ __all__ = [
     "PodWatch",
     "Report",
     "ServiceProxy",
+    "StandInKubelets",
     "cleanup",
     "extender_args",
     "extender_tls_secret",

@@ -39,6 +39,7 @@ from .realcluster import (
     PodWatch,
     Report,
     ServiceProxy,
+    StandInKubelets,
     cleanup,
     gpu_node,
     gpu_pod,
@@ -139,7 +140,7 @@ def test_leader_killed_while_scheduling(controlplane: ControlPlane, admin: Clien
         wait_for("both replicas Ready behind the proxy", lambda: len(proxy.ready) == 2, 30)
         cfg = scheduler_config_for(controlplane, docs, RELEASE, ns, proxy.url)
         controlplane.restart_scheduler(config=cfg, extra_args=["--leader-elect=true", "--v=2"])
-        watch = PodWatch(controlplane.admin_kubeconfig, ns).start()
+        watch = StandInKubelets(controlplane.admin_kubeconfig, ns).start()
         pods = _pods(run)
         created: list[float] = []
 

@@ -9,11 +9,15 @@ pending (not yet assigned) pod container on this node whose recorded GPUs match 
 2. a candidate matches exactly when its recorded signature equals the request's (the kubelet
    takes the devices :meth:`Allocator.preferred` steered it to), otherwise when the totals agree
    (the fake devices only count: the GPUs come from the annotation);
-3. among matches: first the other half of a container already matched by the other resource
+3. the kubelet admits one pod at a time and allocates its containers in order: while a pod is
+   partly handed out, the request is that pod's; otherwise it is some pod's first GPU
+   container, so only first containers match (when nothing matches so, any pending container);
+4. among matches: first the other half of a container already matched by the other resource
    (a ``core_mem`` container is allocated once for memory and once for compute), then the next
-   container of a pod already partly handed out (the kubelet allocates a pod's containers in
-   order), then the earliest assume-time; ties by namespace/name and container index;
-4. all of this under one lock, with a ledger of what was handed out, so concurrent calls never
+   container of a pod already partly handed out, then the earliest assume-time; ties by
+   namespace/name and container index. Pods that the scheduler keeps apart
+   (:mod:`sharegpu.startingpods`) get their own decisions in any admission order;
+5. all of this under one lock, with a ledger of what was handed out, so concurrent calls never
    hand the same pod container out twice.
 
 Whole-card resources whose pod carries no decision (a plain ``nvidia.com/gpu`` pod) get the
@@ -237,24 +241,44 @@ class Allocator:
         self._lock = threading.Lock()
 
     # --- matching ---
+    def _in_turn(self, candidates: Sequence[Candidate], resource: str) -> list[Candidate]:
+        """The pending containers the kubelet can be asking about now for ``resource``: the
+        pod it has begun, if any, else every pod's first GPU container."""
+        free = [c for c in candidates if not self.ledger.has(c, resource)]
+        begun = [c for c in free if self.ledger.pod_started(c)]
+        if begun:
+            return begun
+        first: dict[str, int] = {}
+        for c in candidates:
+            if c.container < first.get(c.pod_key, c.container + 1):
+                first[c.pod_key] = c.container
+        return [c for c in free if first[c.pod_key] == c.container]
+
     def _match(
         self, candidates: Sequence[Candidate], resource: str, want: Mapping[int, int]
     ) -> Candidate | None:
+        """Exact matches (the devices :meth:`preferred` steered to) first, among the containers
+        in turn, then any; then matches by totals, in turn, then any."""
+        turn = self._in_turn(candidates, resource)
+        for exact in (True, False):
+            for among in (turn, candidates):
+                pool = self._pool(among, resource, want, exact)
+                if pool:
+                    return min(pool, key=self._rank)
+        return None
+
+    def _pool(self, candidates: Sequence[Candidate], resource: str, want: Mapping[int, int],
+              exact: bool) -> list[Candidate]:
         free = [c for c in candidates if not self.ledger.has(c, resource)]
         if resource in WHOLE_RESOURCES:
             free = [c for c in free if c.whole]
         elif resource in (names.RES_GPU_MEM, names.RES_GPU_CORE):
             free = [c for c in free if not c.whole]
-        exact = [c for c in free if c.signature(resource) == dict(want)]
-        pool = exact
-        if not pool:
-            total = sum(want.values())
-            pool = [
-                c for c in free
-                if sum(c.signature(resource).values()) == total
-                and len(c.signature(resource)) == len(want)
-            ]
-        return min(pool, key=self._rank) if pool else None
+        if exact:
+            return [c for c in free if c.signature(resource) == dict(want)]
+        total = sum(want.values())
+        return [c for c in free if sum(c.signature(resource).values()) == total
+                and len(c.signature(resource)) == len(want)]
 
     def _rank(self, c: Candidate) -> tuple[int, int, tuple[int, str, str, int]]:
         """Order among equal matches: the other half of a container already matched for another
@@ -276,13 +300,15 @@ class Allocator:
         fallback = list(must_include) + [d for d in available if d not in set(must_include)]
         fallback = fallback[:size]
         with self._lock:
-            pool = [
-                c for c in candidates
-                if not self.ledger.has(c, resource)
-                and sum(c.signature(resource).values()) == size
-                and (c.whole == (resource in WHOLE_RESOURCES) or resource == names.RES_GPU_COUNT)
-            ]
-            pool.sort(key=self._rank)
+            def sized(cs: Sequence[Candidate]) -> list[Candidate]:
+                return sorted((
+                    c for c in cs
+                    if not self.ledger.has(c, resource)
+                    and sum(c.signature(resource).values()) == size
+                    and (c.whole == (resource in WHOLE_RESOURCES)
+                         or resource == names.RES_GPU_COUNT)), key=self._rank)
+
+            pool = sized(self._in_turn(candidates, resource)) or sized(candidates)
         for c in pool:
             try:
                 picked = self.devices.pick(available, must_include, c.signature(resource))

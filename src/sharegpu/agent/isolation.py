@@ -36,10 +36,12 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import IntEnum, StrEnum
+from typing import Any
 
 from .. import names
 from ..errors import ValidationError
 from ..modes import Mode
+from ..request import is_true, isolation_opted_out
 
 # Where a container finds HAMi-core: the path HAMi mounts it at, and the one HAMi-core opens to
 # find its own hooks (``CUDA_REDIRECT`` names another, for a process outside a container).
@@ -157,10 +159,6 @@ class ContainerEnv:
     mounts: tuple[Mount, ...] = ()
 
 
-def is_true(v: str | None) -> bool:
-    return str(v or "").strip().lower() == "true"
-
-
 # The variables that carry a compute cap (the compute half of a core_mem container repeats them).
 COMPUTE_ENVS = frozenset({"CUDA_DEVICE_SM_LIMIT", "GPU_CORE_UTILIZATION_POLICY",
                           "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"})
@@ -236,12 +234,8 @@ def isolation_env(
     return ContainerEnv(envs, tuple(mounts))
 
 
-def disabled(container: Mapping[str, object], node_labels: Mapping[str, str]) -> bool:
+def disabled(container: Mapping[str, Any], node_labels: Mapping[str, str]) -> bool:
     """``CGPU_DISABLE=true`` in the container's env, or ``cgpu.disable.isolation=true`` on the
     node."""
-    if is_true(node_labels.get(names.LABEL_DISABLE_ISOLATION)):
-        return True
-    for e in container.get("env") or []:  # type: ignore[union-attr]
-        if isinstance(e, Mapping) and e.get("name") == names.ENV_CGPU_DISABLE:
-            return is_true(e.get("value"))  # type: ignore[arg-type]
-    return False
+    return is_true(node_labels.get(names.LABEL_DISABLE_ISOLATION)) or isolation_opted_out(
+        container)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import httpx2 as httpx
 
 from ..errors import ValidationError
+from .argtypes import positive_float
 
 NAME = "extender"
 HELP = "run the kube-scheduler extender (filter, prioritize, bind)"
@@ -165,6 +166,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="largest request body accepted (kube-scheduler with nodeCacheCapable "
                         "sends node names: 15,000 nodes take 0.4 MiB; full Node objects need "
                         "much more)")
+    p.add_argument("--start-wait", type=positive_float, default=5.0,
+                   help="seconds a bind waits for pods starting on its node that the kubelet "
+                        "could not tell from it (docs/architecture.md, 'Starting pods'); keep "
+                        "it below the scheduler's extender httpTimeout (default 5)")
     p.add_argument("--check-every", type=float, default=300.0,
                    help="seconds between consistency checks against the pod annotations")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
@@ -230,7 +235,8 @@ async def _serve(args: argparse.Namespace) -> int:
                       graded_scores=args.graded_scores,
                       advertise_url=advertise_url(args.advertise_url, port, ctx is not None),
                       http_limits={"max_body": max_body_bytes(args.max_body_mib)},
-                      forward_tls=tls.peer, forward_server_name=tls.server_name)
+                      forward_tls=tls.peer, forward_server_name=tls.server_name,
+                      start_wait=args.start_wait)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -269,6 +269,7 @@ class SchedulingAnswers:
     def release_inflight(self, key: str) -> None:
         if self._change_logs:
             self._touch(key)
+        self.starting.discard(key)
         if self.inflight.pop(key, None) is not None and key in self.state.pods:
             self.scheduler.release(key)
 

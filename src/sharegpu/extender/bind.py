@@ -3,8 +3,12 @@
 Order, under a per-node lock:
 1. read the pod (its uid, whether it is already bound, its resourceVersion);
 2. choose GPUs with the core's policy and hold them in the view (in flight);
-3. write the annotations of both generations with a resourceVersion precondition;
-4. create the binding (a raw POST; the API server answers with a ``Status``).
+3. wait, at most ``start_wait`` seconds, until no pod starting on the node asks the kubelet for
+   the same devices with another placement (:mod:`sharegpu.startingpods`: the kubelet's device
+   plugin calls name no pod, so such pods could get each other's GPUs); the pod counts as
+   starting from here on;
+4. write the annotations of both generations with a resourceVersion precondition;
+5. create the binding (a raw POST; the API server answers with a ``Status``).
 Any failure after 2 releases the hold and answers an ``Error``, so kube-scheduler retries. A
 binding that failed on the wire may still have been made: the pod is read back before the hold is
 given up. A bind for a pod already bound to the same node is answered as a success.
@@ -22,6 +26,7 @@ from typing import Any
 from ..annotations import encode
 from ..errors import PlacementError, ValidationError
 from ..request import PodRequest
+from ..state import Reservation
 from .kube import ApiError, KubeApi
 from .view import ClusterView
 from .wire import BindingArgs
@@ -54,8 +59,10 @@ class Binder:
     read."""
 
     def __init__(self, api: KubeApi, view: Callable[[], ClusterView],
-                 may_bind: Callable[[], bool] = lambda: True, hints: int = 10000) -> None:
+                 may_bind: Callable[[], bool] = lambda: True, hints: int = 10000,
+                 start_wait: float = 5.0) -> None:
         self.api = api
+        self.start_wait = start_wait  # seconds a bind waits for look-alike pods to start
         self.view = view
         self.may_bind = may_bind
         self.locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
@@ -129,7 +136,8 @@ class Binder:
             except PlacementError as e:
                 raise BindError("no-fit", str(e)) from None
             try:
-                st = view.state
+                await self._wait_distinct(req, r)
+                st = self.view().state
                 anns = encode(r.alloc, assume_time_ns=time.time_ns(),
                               gpu_capacity=st.gpu_capacity(args.node))
                 try:
@@ -156,6 +164,24 @@ class Binder:
                 raise
             self.view().bound(req.key)
             return BindOutcome(args.node, r.alloc.gpus)
+
+    async def _wait_distinct(self, req: PodRequest, r: Reservation) -> None:
+        """Return once no pod starting on the node is one the kubelet could not tell from this
+        one (then this pod counts as starting), or raise ``BindError`` after ``start_wait``.
+        The node's lock is held: no other bind adds a starting pod there meanwhile."""
+        deadline = time.monotonic() + self.start_wait
+        delay = 0.01
+        while True:
+            starting = self.view().starting
+            c = starting.conflict(r.node, req, r.alloc)
+            if c is None:
+                starting.add(req.key, r.node, req, r.alloc)
+                return
+            if time.monotonic() >= deadline:
+                raise BindError("starting", f"{req.key}: {c.reason(r.node)} (waited "
+                                f"{self.start_wait:g} s)")
+            await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 0.1)
 
     async def _bound_anyway(self, path: str, args: BindingArgs) -> bool:
         """Whether the pod ended up bound to the node with our annotations despite an error."""

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from .. import hostresources
-from ..annotations import Allocation
+from ..annotations import Allocation, is_assigned
 from ..errors import PlacementError, ValidationError
 from ..modes import Mode
 from ..nodes import spec_from_node
@@ -39,6 +39,7 @@ from ..placement.nodecache import ShapeCache
 from ..pods import is_terminated, node_of
 from ..request import PodRequest
 from ..scheduler import Scheduler
+from ..startingpods import StartingPods
 from ..state import ClusterState, NodeSpec, Reservation
 from .reader import Placed, PlacementReader, _key
 from .workload import LearnedWorkload
@@ -67,6 +68,9 @@ class ClusterCache(LearnedWorkload):
         self.specs: dict[str, NodeSpec] = {}
         self.placed: dict[str, Placed] = {}  # what bound pods' annotations say
         self.inflight: dict[str, Reservation] = {}
+        # bound (or being bound) pods the kubelet has not started: the binder keeps the pods
+        # it binds distinguishable to the kubelet (sharegpu.startingpods)
+        self.starting = StartingPods()
         # bound GPU pods without a recorded decision, charged conservatively (key -> node)
         self.unseen: dict[str, str] = {}
         # called with such a pod the first time it is seen (the replica posts an Event)
@@ -134,6 +138,7 @@ class ClusterCache(LearnedWorkload):
         listed: list[str] = []
         tracking = bool(self._change_logs)
         reader, inflight = self.reader, self.inflight
+        starting = StartingPods()
         bad = 0
         for obj in pods:  # the same answers as placement_of, known_bound, unannotated_gpu_pod
             meta = obj.get("metadata") or {}
@@ -172,6 +177,8 @@ class ClusterCache(LearnedWorkload):
                         unseen.append(obj)
                 continue
             placed[key] = p
+            if not is_assigned(meta.get("annotations") or {}):
+                starting.add(key, p[1], p[0], p[2])
             if p[1] in state.index:  # else applied when the node appears
                 records.append(p)
         for key, reason in state.restore(records):
@@ -184,6 +191,10 @@ class ClusterCache(LearnedWorkload):
             except (PlacementError, KeyError) as e:
                 self._problem(key, f"in-flight reservation dropped on rebuild: {e}")
                 del self.inflight[key]
+                continue
+            if key in self.starting:  # being bound: the binder counted it as starting
+                starting.add(key, r.node, r.request, r.alloc)
+        self.starting = starting
         if self._change_logs:  # a rebuild during a check: every pod is newer than its list
             for key in (*self.placed, *self.state.pods, *placed, *listed, *self.host):
                 self._touch(key)
@@ -367,15 +378,31 @@ class ClusterCache(LearnedWorkload):
         if self._change_logs:
             self._touch(key)
         if key in self.inflight:
+            # being bound: the binder holds it; but the node's agent may already have marked it
+            # assigned (its kubelet started it) before the binding's answer came back
+            if is_assigned((obj.get("metadata") or {}).get("annotations") or {}):
+                self.starting.discard(key)
             return
         try:
             p = self.reader.placement(obj)
         except ValidationError as e:
             self._problem(key, f"unreadable GPU annotations or request: {e}")
+            self.starting.discard(key)
             self._sync_host(key, obj)  # its CPU and memory count all the same
             return
         self._apply_pod(key, obj, p)
+        self._sync_starting(key, obj, p)
         self._sync_host(key, obj)
+
+    def _sync_starting(self, key: str, obj: Mapping[str, Any], p: Placed | None) -> None:
+        """A bound pod starts when its node's agent marks it assigned (the kubelet allocated
+        its devices); until then it is starting (:mod:`sharegpu.startingpods`)."""
+        if p is None or key not in self.placed or is_assigned(
+                (obj.get("metadata") or {}).get("annotations") or {}):
+            self.starting.discard(key)
+        else:
+            req, node, alloc = p
+            self.starting.add(key, node, req, alloc)
 
     def _apply_pod(self, key: str, obj: Mapping[str, Any], p: Placed | None) -> None:
         cur = self.state.pods.get(key)
@@ -410,6 +437,7 @@ class ClusterCache(LearnedWorkload):
         self._shape_of.pop(key, None)  # its shape stays in the history
         self.placed.pop(key, None)
         self.inflight.pop(key, None)
+        self.starting.discard(key)
         self.unseen.pop(key, None)
         self._set_host(key, "")
         if key in self.state.pods:

@@ -50,8 +50,8 @@ class Replica:
                  retry_period: float = 2.0, check_every: float = 300.0,
                  graded_scores: bool = False, advertise_url: str = "",
                  forward_timeout: float = 8.0, http_limits: dict[str, Any] | None = None,
-                 forward_tls: ssl.SSLContext | None = None, forward_server_name: str = ""
-                 ) -> None:
+                 forward_tls: ssl.SSLContext | None = None, forward_server_name: str = "",
+                 start_wait: float = 5.0) -> None:
         self.api = api
         self.identity = identity
         self.view = ClusterView(policy, graded=graded_scores)
@@ -71,7 +71,7 @@ class Replica:
         self._http: httpx.AsyncClient | None = None
         self.forwarded = 0  # binds passed on to the leader
         self._leader_synced = not elect
-        self.binder = Binder(api, lambda: self.view, self.may_bind)
+        self.binder = Binder(api, lambda: self.view, self.may_bind, start_wait=start_wait)
         self.events = EventRecorder(api, self.metrics, host=identity)
         self.view.on_unseen = self._unseen
         self.service = ExtenderApp(self.view, self.binder, self.metrics, self.events,
