@@ -162,13 +162,16 @@ class FakeApiServer:
 
     def _kubelet_starts(self, namespace: str, name: str) -> None:
         """The node's kubelet admitted the pod and the agent marked it assigned."""
-        def mutate(cur: Obj | None) -> Obj:
-            assert cur is not None
-            ann = cur.setdefault("metadata", {}).setdefault("annotations", {}) or {}
-            if ann.get(ANN_ALLOCATION) and ann.get(ANN_ASSIGNED) != "true":
-                ann[ANN_ASSIGNED] = "true"
-                ann[ANN_MEM_ASSIGNED] = "true"
-            return cur
+        cur = self.store.find(res.POD, namespace, name)
+        ann = ((cur or {}).get("metadata") or {}).get("annotations") or {}
+        if not ann.get(ANN_ALLOCATION) or ann.get(ANN_ASSIGNED) == "true":
+            return  # no sharegpu decision, or already marked
+
+        def mutate(pod: Obj | None) -> Obj:
+            assert pod is not None
+            pod.setdefault("metadata", {}).setdefault("annotations", {}).update(
+                {ANN_ASSIGNED: "true", ANN_MEM_ASSIGNED: "true"})
+            return pod
 
         with contextlib.suppress(st.StatusError):  # deleted meanwhile
             self.store.update(res.POD, namespace, name, mutate)

@@ -1,0 +1,115 @@
+"""The binder and starting pods (sharegpu.startingpods): a pod that the kubelet could mistake for
+one starting on its node is bound only once that one has started (the agent marked it
+assigned), or refused with the reason after ``start_wait``; a twin binds at once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from sharegpu import kobjects
+from sharegpu.annotations import assigned_patch, decode
+from sharegpu.extender.bind import BindError, Binder
+from sharegpu.extender.memapi import MemoryApi
+from sharegpu.extender.view import ClusterView
+from sharegpu.extender.wire import BindingArgs
+
+# one spread node (identical pods go to different GPUs), one binpack node (they share a GPU)
+NODES = [kobjects.node("spread", [16, 16], "cgpu", placement="spread"),
+         kobjects.node("pack", [16, 16], "cgpu")]
+
+
+def _env(pods: list[dict[str, Any]], start_wait: float) -> tuple[ClusterView, MemoryApi, Binder]:
+    view = ClusterView()
+    view.reset(NODES, [])
+    api = MemoryApi(pods)
+    return view, api, Binder(api, lambda: view, start_wait=start_wait)
+
+
+def _args(pod: dict[str, Any], node: str) -> BindingArgs:
+    m = pod["metadata"]
+    return BindingArgs(m["name"], m["namespace"], m["uid"], node)
+
+
+def _seen(view: ClusterView, api: MemoryApi, name: str, *, started: bool = False) -> None:
+    """The informer's event for the stored pod (marked assigned first when ``started``)."""
+    pod = api.pods[f"default/{name}"]
+    if started:
+        pod["metadata"]["annotations"].update(assigned_patch())
+    view.upsert_pod(pod)
+
+
+def test_look_alike_waits_for_the_starting_pod_and_binds_once_it_started() -> None:
+    p1, p2 = kobjects.pod("p1", mem=4), kobjects.pod("p2", mem=4)
+    view, api, binder = _env([p1, p2], start_wait=5.0)
+
+    async def go() -> float:
+        await binder.bind(_args(p1, "spread"))
+        _seen(view, api, "p1")
+        assert view.starting.on("spread") == {"default/p1"}
+        t0 = time.monotonic()
+        task = asyncio.create_task(binder.bind(_args(p2, "spread")))
+        await asyncio.sleep(0.2)
+        assert not task.done()  # spread puts p2 on the other GPU: waits
+        _seen(view, api, "p1", started=True)
+        out = await task
+        assert out.gpus != (decode(api.pods["default/p1"]["metadata"]["annotations"]).gpus)
+        return time.monotonic() - t0
+
+    waited = asyncio.run(go())
+    assert 0.2 <= waited < 2.0
+    assert view.starting.on("spread") == {"default/p2"}
+
+
+def test_look_alike_is_refused_with_the_reason_after_start_wait_and_holds_nothing() -> None:
+    p1, p2 = kobjects.pod("p1", mem=4), kobjects.pod("p2", mem=4)
+    view, api, binder = _env([p1, p2], start_wait=0.3)
+
+    async def go() -> None:
+        await binder.bind(_args(p1, "spread"))
+        _seen(view, api, "p1")
+        with pytest.raises(BindError) as e:
+            await binder.bind(_args(p2, "spread"))
+        assert e.value.reason == "starting"
+        assert "starting pod default/p1" in str(e.value) and "waited 0.3 s" in str(e.value)
+
+    asyncio.run(go())
+    assert "default/p2" not in view.state.pods and not view.inflight
+    assert view.starting.on("spread") == {"default/p1"}
+    assert not api.pods["default/p2"]["spec"].get("nodeName")
+
+
+def test_twins_and_other_requests_bind_at_once() -> None:
+    p1, p2 = kobjects.pod("p1", mem=4), kobjects.pod("p2", mem=4)
+    p3 = kobjects.pod("p3", mem=3)
+    view, api, binder = _env([p1, p2, p3], start_wait=30.0)
+
+    async def go() -> float:
+        t0 = time.monotonic()
+        await binder.bind(_args(p1, "pack"))
+        _seen(view, api, "p1")
+        await binder.bind(_args(p2, "pack"))  # binpack: the same GPU, a twin
+        _seen(view, api, "p2")
+        await binder.bind(_args(p3, "spread"))  # another request on another node
+        return time.monotonic() - t0
+
+    assert asyncio.run(go()) < 2.0
+    a1 = decode(api.pods["default/p1"]["metadata"]["annotations"])
+    a2 = decode(api.pods["default/p2"]["metadata"]["annotations"])
+    assert a1 is not None and a2 is not None and a1.mem == a2.mem
+    assert view.starting.on("pack") == {"default/p1", "default/p2"}
+
+
+def test_a_relist_keeps_starting_pods_and_the_pod_being_bound() -> None:
+    p1 = kobjects.pod("p1", mem=4)
+    view, api, binder = _env([p1], start_wait=1.0)
+    asyncio.run(binder.bind(_args(p1, "spread")))
+    stored = api.pods["default/p1"]
+    view.reset(NODES, [stored])
+    assert view.starting.on("spread") == {"default/p1"}
+    stored["metadata"]["annotations"].update(assigned_patch())
+    view.reset(NODES, [stored])
+    assert view.starting.on("spread") == set()
