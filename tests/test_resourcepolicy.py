@@ -291,3 +291,51 @@ def test_malformed_pods_do_not_break_the_counts():
         u.on_event(PODS, "ADDED", copy.deepcopy(weird))
     assert u.restrict({"metadata": {"labels": ["x"]}}, ["a1"], {}) == ["a1"]
     assert u.unit_counts("default/web") == {}
+
+
+# --------------------------------------------------------------- the admission webhook
+
+
+def policy_review(obj: Any, operation: str = "CREATE") -> dict[str, Any]:
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u1", "operation": operation, "namespace": "team-a",
+                        "kind": {"group": rp.GROUP, "version": rp.VERSION, "kind": rp.KIND},
+                        "object": obj}}
+
+
+def test_webhook_refuses_invalid_policies_naming_the_field():
+    from sharegpu.webhook import review
+
+    ok = review(policy_review(policy_obj()))["response"]
+    assert ok["allowed"] is True
+    bad = review(policy_review(policy_obj(whenTryNextUnits={"policy": "Never"}),
+                               "UPDATE"))["response"]
+    assert bad["allowed"] is False
+    assert bad["status"]["code"] == 422
+    msg = bad["status"]["message"]
+    assert msg.startswith("ResourcePolicy refused: spec.whenTryNextUnits.policy='Never'")
+    assert "LackResourceOrExceedMax" in msg
+    # deleting is never refused; a review that is no object is a 400 (the API server refuses)
+    assert review(policy_review(policy_obj(units=[]), "DELETE"))["response"]["allowed"]
+    with pytest.raises(ValidationError):
+        review(policy_review("nonsense"))
+
+
+def test_webhook_http_answers_a_policy_review():
+    import asyncio
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from sharegpu.webhook import app
+
+    async def go() -> None:
+        async with TestClient(TestServer(app())) as client:
+            r = await client.post("/validate", json=policy_review(policy_obj(units=[{"max": -2}])))
+            assert r.status == 200
+            body = await r.json()
+            assert body["response"]["allowed"] is False
+            assert "spec.units[0].max" in body["response"]["status"]["message"]
+            r = await client.post("/validate", json=policy_review(["x"]))
+            assert r.status == 400
+
+    asyncio.run(go())

@@ -288,7 +288,7 @@ def test_webhook_ca_bundle_verifies_the_chart_certificate(release: Release,
     name = release.name("webhook")
     vwc = get_json(cp, f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/"
                        f"{name}")
-    (hook,) = vwc["webhooks"]
+    hook = CHART_TESTS.pods_hook(vwc)
     svc_ref = hook["clientConfig"]["service"]
     assert (svc_ref["name"], svc_ref["namespace"], svc_ref["path"], svc_ref["port"]) == (
         name, ns, "/validate", 443)
