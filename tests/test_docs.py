@@ -81,9 +81,9 @@ def test_readme_points_to_the_quickstart():
 
 def test_resourcepolicy_example_is_accepted_by_the_crd_and_the_extender():
     import jsonschema
-    from test_chart import _policy_schema, render
 
     from sharegpu.resourcepolicy import TIMEOUT_OR_MAX, parse_policy
+    from test_chart import _policy_schema, render
 
     (rp,) = [d for d in map(yaml.safe_load, blocks("yaml")) if d["kind"] == "ResourcePolicy"]
     jsonschema.validate(rp, _policy_schema(render(None)))
