@@ -62,6 +62,14 @@ def one(docs, kind, name_part=""):
     return d
 
 
+def pods_hook(vwc):
+    """The pod webhook of the chart's ValidatingWebhookConfiguration (the other one checks
+    ResourcePolicies)."""
+    assert [w["name"] for w in vwc["webhooks"]] == [
+        "pods.validate.sharegpu.io", "resourcepolicies.validate.sharegpu.io"]
+    return vwc["webhooks"][0]
+
+
 # --- lint, render, schema validation -------------------------------------------------------
 
 
@@ -181,6 +189,7 @@ ALLOWED = {
     | _perm("", ["pods/binding"], ["create"])
     | _perm("", ["nodes"], ["get", "list", "watch"])
     | _perm("", ["events"], ["create"])
+    | _perm("scheduling.alibabacloud.com", ["resourcepolicies"], ["list", "watch"])
     | _perm("coordination.k8s.io", ["leases"], ["create"])
     | _perm("coordination.k8s.io", ["leases"], ["get", "update"], ["sharegpu-extender"]),
     "agent": _perm("", ["nodes"], ["get", "watch", "patch"])
@@ -313,9 +322,9 @@ def test_scheduler_profile_calls_the_extender_service():
     assert ext["urlPrefix"] == f"https://{svc['metadata']['name']}.{NS}.svc:{port}"
     assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]) == (
         "filter", "prioritize", "bind")
-    assert {r["name"] for r in ext["managedResources"]} == {
-        "aliyun.com/gpu-mem", "aliyun.com/gpu-core.percentage", "aliyun.com/gpu",
-        "nvidia.com/gpu"}
+    # no managedResources: every pod of the profile is sent, so a ResourcePolicy governs pods
+    # without GPUs too (docs/resourcepolicy.md)
+    assert "managedResources" not in ext
     # the extender watches nodes itself (node names only), fails closed, and its score must
     # outweigh kube-scheduler's own scores so placement follows the sharegpu policy
     assert ext["nodeCacheCapable"] is True and ext["ignorable"] is False
@@ -342,6 +351,10 @@ def test_default_profile_mode_runs_no_scheduler_and_prints_the_config():
     assert ext["enableHTTPS"] is True
     assert ext["tlsConfig"]["serverName"] == f"sharegpu-extender.{NS}.svc"
     assert "schedulerName" not in notes
+    # the cluster's own scheduler sends only GPU pods
+    assert {r["name"] for r in ext["managedResources"]} == {
+        "aliyun.com/gpu-mem", "aliyun.com/gpu-core.percentage", "aliyun.com/gpu",
+        "nvidia.com/gpu"}
 
 
 def test_notes_show_the_seeds_verification_commands():
@@ -392,7 +405,7 @@ def test_agent_daemonset_on_gpu_nodes_only_node_critical():
 def test_webhook_certificate_and_fail_closed():
     docs = render(None)
     vwc = one(docs, "ValidatingWebhookConfiguration")
-    (hook,) = vwc["webhooks"]
+    hook = pods_hook(vwc)
     assert hook["failurePolicy"] == "Fail" and hook["sideEffects"] == "None"
     svc = one(docs, "Service", "webhook")
     ref = hook["clientConfig"]["service"]
@@ -579,7 +592,7 @@ def _x509(pem: str) -> str:
 def test_webhook_sees_only_gpu_pods():
     import celpy
 
-    (hook,) = one(render(None), "ValidatingWebhookConfiguration")["webhooks"]
+    hook = pods_hook(one(render(None), "ValidatingWebhookConfiguration"))
     (cond,) = hook["matchConditions"]
     env = celpy.Environment()
     prog = env.program(env.compile(cond["expression"]))
@@ -605,7 +618,7 @@ def test_webhook_sees_only_gpu_pods():
     assert not sent(pod([{"name": "c", "resources": {"limits": {"cpu": "1"}}}],
                         labels={"app": "x"}))
     # before Kubernetes 1.28 there are no matchConditions: every pod is sent
-    (old,) = one(render(None, "1.27.0"), "ValidatingWebhookConfiguration")["webhooks"]
+    old = pods_hook(one(render(None, "1.27.0"), "ValidatingWebhookConfiguration"))
     assert "matchConditions" not in old
 
 
@@ -782,7 +795,7 @@ def test_default_render_is_valid_across_supported_kubernetes_versions(kube):
         kubernetes_validate.validate(d, kube, strict=True)
     image = container(one(docs, "Deployment", "scheduler"))["image"]
     assert image == f"registry.k8s.io/kube-scheduler:v{kube}"
-    (hook,) = one(docs, "ValidatingWebhookConfiguration")["webhooks"]
+    hook = pods_hook(one(docs, "ValidatingWebhookConfiguration"))
     assert ("matchConditions" in hook) == (kube != "1.25.0")
     r = run_helm("template", "x", str(CHART), "--kube-version", "1.24.9")
     assert r.returncode != 0 and "kubeVersion" in r.stderr + r.stdout
@@ -914,3 +927,73 @@ def test_compute_policy_value_and_refusal():
         assert r.returncode != 0 and "computePolicy" in r.stderr
     r = run_helm("template", "sharegpu", str(CHART), "--set", "agent.reserveMemoryMiB=-1")
     assert r.returncode != 0 and "reserveMemoryMiB" in r.stderr
+
+
+# --- ResourcePolicy ---------------------------------------------------------------------------
+
+
+def _policy_schema(docs) -> dict:
+    crd = one(docs, "CustomResourceDefinition", "resourcepolicies")
+    (version,) = crd["spec"]["versions"]
+    return version["schema"]["openAPIV3Schema"]
+
+
+def _policy(**spec) -> dict:
+    body = {"selector": {"app": "web"},
+            "units": [{"resource": "ecs", "nodeSelector": {"pool": "a"}, "max": 10,
+                       "podLabels": {"unit": "a"}, "podAnnotations": {"x": "y"}},
+                      {"resource": "eci"}],
+            "strategy": "prefer", "preemptPolicy": "AfterAllUnits",
+            "ignorePreviousPod": False, "ignoreTerminatingPod": True,
+            "matchLabelKeys": ["pod-template-hash"],
+            "whenTryNextUnits": {"policy": "TimeoutOrExceedMax", "timeout": "1h30m"}}
+    body.update(spec)
+    return {"apiVersion": "scheduling.alibabacloud.com/v1alpha1", "kind": "ResourcePolicy",
+            "metadata": {"name": "web", "namespace": "default"}, "spec": body}
+
+
+def test_resourcepolicy_crd_schema_and_printer_columns():
+    import jsonschema
+
+    docs = render(None)
+    crd = one(docs, "CustomResourceDefinition", "resourcepolicies")
+    assert crd["metadata"]["name"] == "resourcepolicies.scheduling.alibabacloud.com"
+    assert crd["spec"]["group"] == "scheduling.alibabacloud.com"
+    assert crd["spec"]["scope"] == "Namespaced"
+    (version,) = crd["spec"]["versions"]
+    assert version["name"] == "v1alpha1" and version["served"] and version["storage"]
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == [
+        "Selector", "Strategy", "Next-Unit", "Units", "Age"]
+    schema = _policy_schema(docs)
+    jsonschema.validate(_policy(), schema)
+    for bad in (_policy(units=[]), _policy(selector={}), _policy(strategy="required"),
+                _policy(units=[{"max": -1}]), _policy(units=[{"max": "3"}]),
+                _policy(units=[{"resource": "elastic"}]), _policy(preemptPolicy="Never"),
+                _policy(whenTryNextUnits={"policy": "Sometimes"}),
+                _policy(whenTryNextUnits={"timeout": "15 minutes"}),
+                _policy(ignorePreviousPod="yes"), _policy(units=[{"podLabels": {"a": 1}}])):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
+    del_units = _policy()
+    del del_units["spec"]["units"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(del_units, schema)
+    # the extender's own validation accepts what the schema accepts here
+    from sharegpu.resourcepolicy import parse_policy
+
+    assert parse_policy(_policy()).timeout_s == 5400
+    # installCRD=false leaves it out (a cluster that has it already)
+    assert not [d for d in render(None, KUBE, "resourcePolicy.installCRD=false")
+                if d["kind"] == "CustomResourceDefinition"]
+
+
+def test_webhook_validates_resourcepolicies_and_fails_closed():
+    docs = render(None)
+    cfg = one(docs, "ValidatingWebhookConfiguration", "webhook")
+    (hook,) = [w for w in cfg["webhooks"] if w["name"] == "resourcepolicies.validate.sharegpu.io"]
+    assert hook["failurePolicy"] == "Fail"
+    assert hook["rules"] == [{"apiGroups": ["scheduling.alibabacloud.com"],
+                              "apiVersions": ["v1alpha1"], "operations": ["CREATE", "UPDATE"],
+                              "resources": ["resourcepolicies"], "scope": "Namespaced"}]
+    pods = next(w for w in cfg["webhooks"] if w["name"] == "pods.validate.sharegpu.io")
+    assert hook["clientConfig"] == pods["clientConfig"]

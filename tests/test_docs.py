@@ -37,7 +37,7 @@ def blocks(lang: str) -> list[str]:
 
 
 def test_sample_job_is_valid_and_asks_for_2_gib_and_30_percent():
-    (job,) = [yaml.safe_load(b) for b in blocks("yaml")]
+    (job,) = [d for d in map(yaml.safe_load, blocks("yaml")) if d["kind"] == "Job"]
     kubernetes_validate.validate(job, "1.30.0", strict=True)
     template = job["spec"]["template"]
     req = parse_pod({"metadata": {"name": "cuda-sample-x", **template["metadata"]},
@@ -77,3 +77,20 @@ def test_doc_covers_install_label_check_inspect_upgrade_uninstall():
 def test_readme_points_to_the_quickstart():
     readme = (ROOT / "README.md").read_text()
     assert "docs/quickstart.md" in readme and "kubectl inspect cgpu" in readme
+
+
+def test_resourcepolicy_example_is_accepted_by_the_crd_and_the_extender():
+    import jsonschema
+
+    from sharegpu.resourcepolicy import TIMEOUT_OR_MAX, parse_policy
+    from test_chart import _policy_schema, render
+
+    (rp,) = [d for d in map(yaml.safe_load, blocks("yaml")) if d["kind"] == "ResourcePolicy"]
+    jsonschema.validate(rp, _policy_schema(render(None)))
+    p = parse_policy(rp)
+    assert [u.max for u in p.units] == [10, 10, None]
+    assert (p.when, p.timeout_s) == (TIMEOUT_OR_MAX, 300.0)
+    for doc in ((ROOT / "docs" / "resourcepolicy.md").read_text(),
+                (ROOT / "README.md").read_text()):
+        text = doc.split("```yaml\n", 1)[1].split("```", 1)[0]
+        parse_policy(yaml.safe_load(text))

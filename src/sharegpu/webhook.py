@@ -1,6 +1,7 @@
 """The validating admission webhook: GPU requests that break a SPEC §2 rule are refused at
 submission, with the message of :func:`sharegpu.request.parse_pod` (one set of rules for the
-webhook, the extender and the simulator).
+webhook, the extender and the simulator); ResourcePolicies (created or updated) that break a rule
+of :func:`sharegpu.resourcepolicy.parse_policy` are refused with its message.
 
 POST ``/validate`` takes an ``admission.k8s.io/v1`` AdmissionReview and answers one. It fails
 closed: the sample configuration uses ``failurePolicy: Fail``, and a review this service cannot
@@ -19,6 +20,8 @@ from aiohttp import web
 from . import names
 from .errors import ValidationError
 from .request import Kind, parse_pod
+from .resourcepolicy import KIND as POLICY_KIND
+from .resourcepolicy import parse_policy
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +91,18 @@ def review(body: Any, schedulers: frozenset[str] | None = None) -> dict[str, Any
             problem = scheduler_problem(pod, request.kind, schedulers)
             if problem is not None:
                 allowed, message = False, problem
+    elif kind == POLICY_KIND and operation in ("CREATE", "UPDATE"):
+        obj = req.get("object")
+        if not isinstance(obj, Mapping):
+            raise ValidationError("request.object", obj, "must be a ResourcePolicy object")
+        obj = dict(obj)
+        meta = dict(obj.get("metadata") or {}) if isinstance(obj.get("metadata"), Mapping) else {}
+        meta.setdefault("namespace", req.get("namespace") or "default")
+        obj["metadata"] = meta
+        try:
+            parse_policy(obj)
+        except ValidationError as e:
+            allowed, message = False, f"ResourcePolicy refused: {e}"
     response: dict[str, Any] = {"uid": req["uid"], "allowed": allowed}
     if not allowed:
         response["status"] = {"code": 422, "reason": "Invalid", "message": message}
@@ -116,7 +131,8 @@ async def _validate(request: web.Request) -> web.Response:
         name = req.get("name") or meta.get("name") or f"{meta.get('generateName') or ''}*"
         user = (req.get("userInfo") or {}).get("username", "") if isinstance(
             req.get("userInfo"), dict) else ""
-        log.info("refused pod %s/%s%s: %s", req.get("namespace") or meta.get("namespace", ""),
+        what = "ResourcePolicy" if (req.get("kind") or {}).get("kind") == POLICY_KIND else "pod"
+        log.info("refused %s %s/%s%s: %s", what, req.get("namespace") or meta.get("namespace", ""),
                  name, f" (from {user})" if user else "", out["response"]["status"]["message"])
     return web.Response(text=json.dumps(out), content_type="application/json")
 

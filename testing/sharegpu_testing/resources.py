@@ -141,6 +141,11 @@ CONFIGMAP = ResourceType(
 )
 BINDING = ResourceType("", "v1", "bindings", "Binding", True, singular="binding", verbs=("create",))
 LEASE = ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True, singular="lease")
+# the CRD of charts/sharegpu (served as kube-apiserver serves a custom resource: list, watch, get)
+RESOURCEPOLICY = ResourceType(
+    "scheduling.alibabacloud.com", "v1alpha1", "resourcepolicies", "ResourcePolicy", True,
+    singular="resourcepolicy",
+)
 # events.k8s.io/v1 field names -> core/v1 field names (the upstream conversion).
 EVENTS_V1_TO_CORE = {
     "regarding": "involvedObject",
@@ -205,6 +210,7 @@ RESOURCES: tuple[ResourceType, ...] = (
     BINDING,
     LEASE,
     EVENTS_V1,
+    RESOURCEPOLICY,
 )
 
 # Resources kept in the store (bindings are an action on pods, not stored objects).

@@ -68,7 +68,8 @@ T = TypeVar("T")
 RELEASE = "sharegpu-chart"  # contains the chart's name: the objects are "sharegpu-chart-<part>"
 COMPONENTS = ("extender", "agent", "webhook", "scheduler")
 EXTENDER_LEASE = "sharegpu-extender"  # values.yaml extender.leaderElection.leaseName
-CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "ValidatingWebhookConfiguration"}
+CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "ValidatingWebhookConfiguration",
+                  "CustomResourceDefinition"}
 # what every authenticated user may do (system:basic-user, reading ClusterTrustBundles): not
 # the chart's doing
 BASELINE_RESOURCES = {("authorization.k8s.io", "selfsubjectaccessreviews"),
@@ -215,10 +216,12 @@ def test_helm_install_every_object_accepted(release: Release) -> None:
     assert {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
             "Secret", "ConfigMap", "Service", "Deployment", "DaemonSet",
             "ValidatingWebhookConfiguration"} <= kinds
-    # no CRDs: the chart ships none and renders none, and needs none with default values
+    # one CRD, ResourcePolicy's, as a template (upgraded with the release; no crds/ directory)
     assert helm(None, "show", "crds", str(CHART)).strip() == ""
     assert not (CHART / "crds").exists()
-    assert "CustomResourceDefinition" not in kinds
+    assert [d["metadata"]["name"] for d in release.manifest
+            if d["kind"] == "CustomResourceDefinition"] == [
+        "resourcepolicies.scheduling.alibabacloud.com"]
     assert kinds.isdisjoint(CHART_TESTS.CRD_KINDS)
     # every object is in the API server, owned by the release
     for d in release.manifest:
@@ -228,6 +231,25 @@ def test_helm_install_every_object_accepted(release: Release) -> None:
         assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
     status = json.loads(helm(cp, "status", RELEASE, "-n", ns, "-o", "json"))
     assert status["info"]["status"] == "deployed"
+
+
+def test_resourcepolicy_schema_refuses_then_the_webhook_fails_closed(release: Release) -> None:
+    """The chart's CRD, served by kube-apiserver: a malformed ResourcePolicy is refused by the
+    schema naming the field; a valid one reaches the webhook, which (no webhook pod runs here)
+    fails closed."""
+    cp = release.cp
+    path = ("/apis/scheduling.alibabacloud.com/v1alpha1/namespaces/default/resourcepolicies"
+            "?dryRun=All")
+    deadline = time.monotonic() + 30
+    while True:  # the CRD is established a moment after it is created
+        status, body = cp.request("POST", path, CHART_TESTS._policy(units=[{"max": -1}]))
+        if status != 404 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert status == 422, body
+    assert "spec.units[0].max" in body
+    status, body = cp.request("POST", path, CHART_TESTS._policy())
+    assert status >= 400 and "resourcepolicies.validate.sharegpu.io" in body, body
 
 
 def _collection(doc: Mapping[str, Any]) -> str:
@@ -251,6 +273,16 @@ def test_every_example_is_accepted_by_the_api_server(release: Release, example: 
     docs = [d for d in yaml.safe_load_all(rendered) if d]
     assert docs
     for d in docs:
+        if d["kind"] == "CustomResourceDefinition":
+            # cluster-wide and named by its group: the release installed it already, so the
+            # rendered one is checked as an update of it
+            d = json.loads(json.dumps(d))
+            d["metadata"]["resourceVersion"] = get_json(cp, api_path(d))["metadata"][
+                "resourceVersion"]
+            status, body = cp.request("PUT", api_path(d) + "?dryRun=All&fieldValidation=Strict",
+                                      d)
+            assert status == 200, f"{example}: {d['kind']} {d['metadata']['name']}: {body}"
+            continue
         status, body = cp.request("POST", _collection(d) + "?dryRun=All&fieldValidation=Strict",
                                   d)
         if d["kind"] in CHART_TESTS.CRD_KINDS:
@@ -288,7 +320,7 @@ def test_webhook_ca_bundle_verifies_the_chart_certificate(release: Release,
     name = release.name("webhook")
     vwc = get_json(cp, f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/"
                        f"{name}")
-    (hook,) = vwc["webhooks"]
+    hook = CHART_TESTS.pods_hook(vwc)
     svc_ref = hook["clientConfig"]["service"]
     assert (svc_ref["name"], svc_ref["namespace"], svc_ref["path"], svc_ref["port"]) == (
         name, ns, "/validate", 443)

@@ -116,8 +116,8 @@ def hook(controlplane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -
     (vwc,) = [d for d in docs if d["kind"] == "ValidatingWebhookConfiguration"]
     (dep,) = [d for d in docs if d["kind"] == "Deployment" and
               d["metadata"]["name"] == vwc["metadata"]["name"]]
-    (chart_hook,) = vwc["webhooks"]
-    assert chart_hook["name"] == HOOK
+    # the pod webhook alone (the chart's other one checks ResourcePolicies)
+    (chart_hook,) = [w for w in vwc["webhooks"] if w["name"] == HOOK]
 
     certs = make_certificates(tmp_path_factory.mktemp("webhook-tls"), hosts=("127.0.0.1",))
     port = free_port()
@@ -138,6 +138,7 @@ def hook(controlplane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -
             _namespace(cp, ns)
         mine = copy.deepcopy(vwc)
         mine["metadata"]["name"] = name
+        mine["webhooks"] = [copy.deepcopy(chart_hook)]
         mine["webhooks"][0]["clientConfig"] = {
             "url": f"https://127.0.0.1:{port}/validate",
             "caBundle": base64.b64encode(certs.ca_cert.read_bytes()).decode(),

@@ -123,6 +123,8 @@ the Secret, the Deployment's checksum and the scheduler's caData agree. {} with 
   nodeCacheCapable: true
   ignorable: {{ .Values.scheduler.ignorable }}
   httpTimeout: {{ .Values.scheduler.httpTimeout }}
+  {{- if ne .Values.scheduler.mode "profile" }}
+  # the cluster's own scheduler: only GPU pods are sent to the extender
   managedResources:
     - name: aliyun.com/gpu-mem
       ignoredByScheduler: false
@@ -132,6 +134,9 @@ the Secret, the Deployment's checksum and the scheduler's caData agree. {} with 
       ignoredByScheduler: false
     - name: nvidia.com/gpu
       ignoredByScheduler: false
+  {{- end }}
+  {{- /* profile mode: no managedResources, so every pod of the profile is sent (a ResourcePolicy
+  governs pods without GPUs too); those are answered at once and bound by the extender */}}
 {{- end -}}
 
 {{- define "sharegpu.podSecurity" -}}

@@ -9,6 +9,9 @@ Order, under a per-node lock:
    starting from here on;
 4. write the annotations of both generations with a resourceVersion precondition;
 5. create the binding (a raw POST; the API server answers with a ``Status``).
+A pod that a ResourcePolicy selects also gets its unit checked and counted at 2 and the unit's
+labels and annotations in the patch of 4 (:mod:`.resourcepolicies`); a pod without GPUs (sent by
+the co-scheduler profile for its ResourcePolicy) skips 2 and 3 and, without a policy, 4.
 Any failure after 2 releases the hold and answers an ``Error``, so kube-scheduler retries. A
 binding that failed on the wire may still have been made: the pod is read back before the hold is
 given up. A bind for a pod already bound to the same node is answered as a success.
@@ -28,6 +31,7 @@ from ..errors import PlacementError, ValidationError
 from ..request import PodRequest
 from ..state import Reservation
 from .kube import ApiError, KubeApi
+from .resourcepolicies import Claim, ResourcePolicies
 from .view import ClusterView
 from .wire import BindingArgs
 
@@ -60,8 +64,9 @@ class Binder:
 
     def __init__(self, api: KubeApi, view: Callable[[], ClusterView],
                  may_bind: Callable[[], bool] = lambda: True, hints: int = 10000,
-                 start_wait: float = 5.0) -> None:
+                 units: ResourcePolicies | None = None, start_wait: float = 5.0) -> None:
         self.api = api
+        self.units = units
         self.start_wait = start_wait  # seconds a bind waits for look-alike pods to start
         self.view = view
         self.may_bind = may_bind
@@ -129,23 +134,30 @@ class Binder:
         """Reserve, annotate, bind. ``None`` when a hinted resourceVersion turned out stale
         (nothing held any more: start over from a fresh read)."""
         path = f"/api/v1/namespaces/{args.pod_namespace}/pods/{args.pod_name}"
+        if not req.wants_gpu:
+            return await self._bind_plain(args, req, uid, rv, path)
         async with self.locks[args.node]:
             view = self.view()
+            claim = self._claim(args, req)
             try:
                 r = view.reserve(req, args.node)
             except PlacementError as e:
+                self._unclaim(args)
                 raise BindError("no-fit", str(e)) from None
             try:
                 await self._wait_distinct(req, r)
                 st = self.view().state
                 anns = encode(r.alloc, assume_time_ns=time.time_ns(),
                               gpu_capacity=st.gpu_capacity(args.node))
+                if claim is not None:
+                    anns = {**anns, **claim.annotations}
                 try:
-                    await self.api.patch_pod_annotations(args.pod_namespace, args.pod_name,
-                                                         anns, rv)
+                    await self.api.patch_pod_annotations(
+                        args.pod_namespace, args.pod_name, anns, rv, **_labels(claim))
                 except ApiError as e:
                     if hinted and e.status == 409:
                         self.view().release_inflight(req.key)
+                        self._unclaim(args)
                         return None
                     raise
                 if not self.may_bind():
@@ -157,6 +169,7 @@ class Binder:
                     self.view().bound(req.key)
                     return BindOutcome(args.node, r.alloc.gpus)
                 self.view().release_inflight(req.key)
+                self._unclaim(args)
                 if isinstance(e, BindError):
                     raise
                 if isinstance(e, ApiError):
@@ -183,6 +196,44 @@ class Binder:
             await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 0.1)
 
+    def _claim(self, args: BindingArgs, req: PodRequest) -> Claim | None:
+        """The pod's unit under its ResourcePolicy, counted from now on (None: no policy)."""
+        if self.units is None:
+            return None
+        try:
+            return self.units.claim(args.pod_namespace, args.pod_name, req.labels, args.node)
+        except ValidationError as e:
+            raise BindError("resourcepolicy", f"{args.key}: {e}") from None
+
+    def _unclaim(self, args: BindingArgs) -> None:
+        if self.units is not None:
+            self.units.release(args.pod_namespace, args.pod_name)
+
+    async def _bind_plain(self, args: BindingArgs, req: PodRequest, uid: str, rv: str,
+                          path: str) -> BindOutcome:
+        """A pod without GPUs: its ResourcePolicy's labels and annotations, then the
+        binding."""
+        claim = self._claim(args, req)
+        try:
+            if claim is not None:
+                await self.api.patch_pod_annotations(args.pod_namespace, args.pod_name,
+                                                     claim.annotations, rv, **_labels(claim))
+            if not self.may_bind():
+                raise BindError("not-leader", "lost the leader lease before binding")
+            await self.api.bind(args.pod_namespace, args.pod_name, args.pod_uid or uid,
+                                args.node)
+        except (ApiError, BindError) as e:
+            if await self._bound_anyway(path, args):
+                return BindOutcome(args.node, ())
+            self._unclaim(args)
+            if isinstance(e, BindError):
+                raise
+            raise BindError(f"api-{e.status}", f"binding {args.key} failed: {e}") from None
+        except BaseException:
+            self._unclaim(args)
+            raise
+        return BindOutcome(args.node, ())
+
     async def _bound_anyway(self, path: str, args: BindingArgs) -> bool:
         """Whether the pod ended up bound to the node with our annotations despite an error."""
         try:
@@ -190,3 +241,8 @@ class Binder:
         except ApiError:
             return False
         return (pod.get("spec") or {}).get("nodeName") == args.node
+
+
+def _labels(claim: Claim | None) -> dict[str, Any]:
+    """The labels argument of the patch, only when a unit sets labels."""
+    return {"labels": claim.labels} if claim is not None and claim.labels else {}

@@ -37,13 +37,16 @@ def _rv_int(rv: str) -> int | None:
 class Informer:
     def __init__(self, api: KubeApi, view: ClusterView, metrics: Metrics | None = None, *,
                  check_every: float = 300.0, backoff: float = 0.5,
-                 on_event: Callable[[str, str, dict[str, Any]], None] | None = None) -> None:
+                 on_event: Callable[[str, str, dict[str, Any]], None] | None = None,
+                 on_reset: Callable[[list[dict[str, Any]], list[dict[str, Any]]], None]
+                 | None = None) -> None:
         self.api = api
         self.view = view
         self.metrics = metrics
         self.check_every = check_every
         self.backoff = backoff
         self.on_event = on_event
+        self.on_reset = on_reset  # told of each rebuild's lists (before held events replay)
         self.rv = {PODS: "", NODES: ""}
         # whether each watch is streaming now (not resuming after a drop, not relisting)
         self.live = {PODS: False, NODES: False}
@@ -88,6 +91,8 @@ class Informer:
                 raise
             t0 = time.perf_counter()
             bad = self.view.reset(nodes, pods)
+            if self.on_reset is not None:
+                self.on_reset(nodes, pods)
             held, self._held = self._held, None
             listed = {NODES: _rv_int(nrv), PODS: _rv_int(prv)}
             for path, kind, obj in held:

@@ -129,11 +129,14 @@ class KubeApi:
 
     async def patch_pod_annotations(self, namespace: str, name: str,
                                     annotations: Mapping[str, str],
-                                    resource_version: str) -> dict[str, Any]:
-        """Merge-patch annotations, refused with 409 unless the pod is still at
-        ``resource_version``."""
-        body = {"metadata": {"annotations": dict(annotations),
-                             "resourceVersion": resource_version}}
+                                    resource_version: str,
+                                    labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """Merge-patch annotations (and ``labels``), refused with 409 unless the pod is still
+        at ``resource_version``."""
+        body: dict[str, Any] = {"metadata": {"annotations": dict(annotations),
+                                             "resourceVersion": resource_version}}
+        if labels:
+            body["metadata"]["labels"] = dict(labels)
         return await self.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", body,
                                   content_type="application/merge-patch+json")
 

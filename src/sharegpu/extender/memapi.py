@@ -87,13 +87,16 @@ class MemoryApi(KubeApi):
 
     async def patch_pod_annotations(self, namespace: str, name: str,
                                     annotations: Mapping[str, str],
-                                    resource_version: str) -> dict[str, Any]:
+                                    resource_version: str,
+                                    labels: Mapping[str, str] | None = None) -> dict[str, Any]:
         p = self._pod(namespace, name)
         self._fault()
         meta = p["metadata"]
         if resource_version and resource_version != meta["resourceVersion"]:
             raise ApiError(409, "Conflict", "the object has been modified")
         meta.setdefault("annotations", {}).update(annotations)
+        if labels:
+            meta.setdefault("labels", {}).update(labels)
         meta["resourceVersion"] = self._next_rv()
         return _fresh(p)
 

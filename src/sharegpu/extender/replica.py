@@ -31,6 +31,7 @@ from .informer import Informer
 from .kube import KubeApi
 from .leader import LeaderElector
 from .metrics import Metrics
+from .resourcepolicies import ResourcePolicies
 from .server import ExtenderApp
 from .view import ClusterView
 
@@ -56,7 +57,10 @@ class Replica:
         self.identity = identity
         self.view = ClusterView(policy, graded=graded_scores)
         self.metrics = Metrics(lambda: self.view)
-        self.informer = Informer(api, self.view, self.metrics, check_every=check_every)
+        # ResourcePolicy: the policies (watched) and the pods per unit (from the informer)
+        self.units = ResourcePolicies()
+        self.informer = Informer(api, self.view, self.metrics, check_every=check_every,
+                                 on_event=self.units.on_event, on_reset=self.units.reset)
         self.elector: LeaderElector | None = None
         if elect:
             self.elector = LeaderElector(
@@ -71,11 +75,13 @@ class Replica:
         self._http: httpx.AsyncClient | None = None
         self.forwarded = 0  # binds passed on to the leader
         self._leader_synced = not elect
-        self.binder = Binder(api, lambda: self.view, self.may_bind, start_wait=start_wait)
+        self.binder = Binder(api, lambda: self.view, self.may_bind, units=self.units,
+                             start_wait=start_wait)
         self.events = EventRecorder(api, self.metrics, host=identity)
         self.view.on_unseen = self._unseen
         self.service = ExtenderApp(self.view, self.binder, self.metrics, self.events,
-                                   is_ready=self.is_ready, forward_bind=self.forward_bind)
+                                   is_ready=self.is_ready, is_synced=self.is_ready,
+                                   forward_bind=self.forward_bind, units=self.units)
         self._tasks: list[asyncio.Task[None]] = []
         self._server: HttpServer | None = None
         self._probe_server: HttpServer | None = None
@@ -100,7 +106,7 @@ class Replica:
     def is_ready(self) -> bool:
         """Every replica with a rebuilt view takes traffic: filter and prioritize are answered
         from its own (warm) view, and a follower passes binds on to the leader."""
-        return self.view.synced
+        return self.view.synced and self.units.synced
 
     def _leader_changed(self, leader: bool) -> None:
         self.metrics.leader.set(1 if leader else 0)
@@ -173,6 +179,7 @@ class Replica:
             # up first, so kubelet's liveness probe passes while the first list runs
             self._probe_server = self.service.probe_server()
             self.probe_port = await self._probe_server.start(*probe)
+        self._tasks.append(asyncio.create_task(self.units.run(self.api), name="resourcepolicies"))
         await self.informer.start()
         self._server = self.service.server(**self.http_limits)
         self.port = await self._server.start(host, port, ssl_context)

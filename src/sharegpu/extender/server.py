@@ -29,6 +29,7 @@ from .bind import Binder, BindError
 from .events import REASON_BIND_FAILED, REASON_INVALID, REASON_UNSCHEDULABLE, EventRecorder
 from .httpserver import Handler, HttpServer, Request, Response, json_response, text_response
 from .metrics import Metrics
+from .resourcepolicies import ResourcePolicies
 from .view import ClusterView
 
 log = logging.getLogger(__name__)
@@ -43,8 +44,9 @@ class ExtenderApp:
                  is_ready: Callable[[], bool] | None = None,
                  is_synced: Callable[[], bool] | None = None,
                  forward_bind: Callable[[bytes, bool], Awaitable[bytes | None]] | None = None,
-                 ) -> None:
+                 units: ResourcePolicies | None = None) -> None:
         self.view = view
+        self.units = units  # ResourcePolicy: only the nodes of the pod's unit pass filter
         self.binder = binder
         self.metrics = metrics
         self.events = events
@@ -136,6 +138,8 @@ class ExtenderApp:
             self.metrics.decided("filter", "invalid")
             return json_response(wire.filter_result(args, [], {}, dict.fromkeys(args.names, msg)))
         passed, failed, unres = self.view.filter(req, args.names)
+        if self.units is not None:
+            passed = self.units.restrict(args.pod, passed, unres)
         passed_json = wire.names_json(passed) if args.nodes is None else None
         if passed and req.wants_gpu:
             if self.binder is not None:
