@@ -174,3 +174,48 @@ def test_two_gangs_one_fits_then_the_other(fake_api_factory: Any) -> None:
                 await r.api.close()
 
     asyncio.run(go())
+
+
+def test_podgroup_object_through_the_watch(fake_api_factory: Any) -> None:
+    """A PodGroup (scheduling.sigs.k8s.io/v1alpha1) created after its pods gives the group its
+    minMember: before it the filter names the missing min-available, after it the group is held
+    and bound."""
+    from sharegpu.gang import LABEL_GROUP_SHORT
+
+    fake = fake_api_factory()
+    for n in NODES:
+        fake.create(n)
+    pods = []
+    for i in range(3):
+        p = kobjects.pod(f"w-{i}", mem=8)
+        p["metadata"]["labels"] = {LABEL_GROUP_SHORT: "job"}
+        pods.append(p)
+        fake.create(p)
+    names = [n["metadata"]["name"] for n in NODES]
+
+    async def go() -> None:
+        r = Replica(KubeApi.from_url(fake.url), identity="r0", elect=False, check_every=0)
+        await r.start()
+        try:
+            async with aiohttp.ClientSession() as s:
+                ks = KubeScheduler(s, f"http://127.0.0.1:{r.port}")
+                assert await ks.attempt(_stored(fake, pods)[0], names) is None
+                assert "no min-available" in ks.reasons["default/w-0"]
+                fake.create({"apiVersion": "scheduling.sigs.k8s.io/v1alpha1", "kind": "PodGroup",
+                             "metadata": {"name": "job", "namespace": "default"},
+                             "spec": {"minMember": 3, "scheduleTimeoutSeconds": 30}})
+                for _ in range(200):
+                    if ("default", "job") in r.view.podgroups:
+                        break
+                    await asyncio.sleep(0.025)
+                assert r.view.podgroups[("default", "job")].timeout_s == 30
+                bound = await ks.rounds(_stored(fake, pods), names, n=1)
+                assert len(bound) == 3
+                await _settle([r], fake)
+                assert r.view.inflight == {}
+                _no_over_commit(fake, [r])
+        finally:
+            await r.stop()
+            await r.api.close()
+
+    asyncio.run(go())

@@ -141,6 +141,9 @@ CONFIGMAP = ResourceType(
 )
 BINDING = ResourceType("", "v1", "bindings", "Binding", True, singular="binding", verbs=("create",))
 LEASE = ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True, singular="lease")
+# ACK's gang PodGroup (a custom resource in a real cluster; the chart ships its CRD)
+PODGROUP = ResourceType("scheduling.sigs.k8s.io", "v1alpha1", "podgroups", "PodGroup", True,
+                        short_names=("pg",), singular="podgroup")
 # events.k8s.io/v1 field names -> core/v1 field names (the upstream conversion).
 EVENTS_V1_TO_CORE = {
     "regarding": "involvedObject",
@@ -205,6 +208,7 @@ RESOURCES: tuple[ResourceType, ...] = (
     BINDING,
     LEASE,
     EVENTS_V1,
+    PODGROUP,
 )
 
 # Resources kept in the store (bindings are an action on pods, not stored objects).
