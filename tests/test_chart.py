@@ -190,6 +190,7 @@ ALLOWED = {
     | _perm("", ["nodes"], ["get", "list", "watch"])
     | _perm("", ["events"], ["create"])
     | _perm("scheduling.alibabacloud.com", ["resourcepolicies"], ["list", "watch"])
+    | _perm("scheduling.sigs.k8s.io", ["podgroups"], ["get", "list", "watch"])
     | _perm("coordination.k8s.io", ["leases"], ["create"])
     | _perm("coordination.k8s.io", ["leases"], ["get", "update"], ["sharegpu-extender"]),
     "agent": _perm("", ["nodes"], ["get", "watch", "patch"])
@@ -997,3 +998,25 @@ def test_webhook_validates_resourcepolicies_and_fails_closed():
                               "resources": ["resourcepolicies"], "scope": "Namespaced"}]
     pods = next(w for w in cfg["webhooks"] if w["name"] == "pods.validate.sharegpu.io")
     assert hook["clientConfig"] == pods["clientConfig"]
+def test_podgroup_crd_and_the_extenders_right_to_read_it():
+    """The gang PodGroup CRD (ACK's scheduling.sigs.k8s.io/v1alpha1) renders by default, the
+    extender may read PodGroups, and the CRD can be left out where it is installed already."""
+    from sharegpu.extender.podgroups import PODGROUPS
+    from sharegpu.gang import PODGROUP_GROUP, PODGROUP_VERSION
+
+    docs = render(None)
+    crd = one(docs, "CustomResourceDefinition", "podgroups")
+    assert crd["metadata"]["name"] == f"podgroups.{PODGROUP_GROUP}"
+    assert crd["spec"]["group"] == PODGROUP_GROUP and crd["spec"]["scope"] == "Namespaced"
+    # a *.k8s.io group: the API server wants the approval annotation (see test_chart_real)
+    assert crd["metadata"]["annotations"]["api-approved.kubernetes.io"].startswith("unapproved")
+    (v,) = crd["spec"]["versions"]
+    assert v["name"] == PODGROUP_VERSION and v["served"] and v["storage"]
+    spec = v["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert spec["minMember"]["minimum"] == 1 and spec["scheduleTimeoutSeconds"]["minimum"] == 1
+    assert f"/apis/{PODGROUP_GROUP}/{PODGROUP_VERSION}/podgroups" == PODGROUPS
+    ext = permissions(docs)["sharegpu-extender"][0]
+    for verb in ("get", "list", "watch"):
+        assert (PODGROUP_GROUP, "podgroups", verb, None) in ext
+    off = render(None, KUBE, "gang.installPodGroupCRD=false")
+    assert [d for d in off if d["kind"] == "CustomResourceDefinition"] == []

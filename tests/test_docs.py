@@ -36,8 +36,14 @@ def blocks(lang: str) -> list[str]:
     return out
 
 
+def jobs() -> dict[str, dict]:
+    return {d["metadata"]["name"]: d for d in (yaml.safe_load(b) for b in blocks("yaml"))
+            if d.get("kind") == "Job"}
+
+
 def test_sample_job_is_valid_and_asks_for_2_gib_and_30_percent():
-    (job,) = [d for d in map(yaml.safe_load, blocks("yaml")) if d["kind"] == "Job"]
+    assert sorted(jobs()) == ["cuda-sample", "gang-train"]
+    job = jobs()["cuda-sample"]
     kubernetes_validate.validate(job, "1.30.0", strict=True)
     template = job["spec"]["template"]
     req = parse_pod({"metadata": {"name": "cuda-sample-x", **template["metadata"]},
@@ -46,6 +52,21 @@ def test_sample_job_is_valid_and_asks_for_2_gib_and_30_percent():
     (c,) = req.containers
     assert (c.gpu_mem, c.gpu_core, c.gpus) == (2, 30, 1)
     assert template["spec"]["schedulerName"] == "ack-co-scheduler"
+
+
+def test_gang_job_is_valid_and_one_group_of_four():
+    from sharegpu.gang import gang_labels
+
+    job = jobs()["gang-train"]
+    kubernetes_validate.validate(job, "1.30.0", strict=True)
+    template = job["spec"]["template"]
+    g = gang_labels(template["metadata"]["labels"])
+    assert g is not None and (g.name, g.min_available) == ("gang-train", 4)
+    assert job["spec"]["parallelism"] == job["spec"]["completions"] == 4
+    req = parse_pod({"metadata": {"name": "gang-train-0", **template["metadata"]},
+                     "spec": template["spec"]})
+    assert req.kind is Kind.SHARED and template["spec"]["schedulerName"] == "ack-co-scheduler"
+    assert "kubectl apply -f gang-train.yaml" in "\n".join(blocks("bash"))
 
 
 def test_inspect_output_in_the_doc_is_the_tools_output():
@@ -70,7 +91,7 @@ def test_doc_covers_install_label_check_inspect_upgrade_uninstall():
         assert cmd in bash, cmd
     # every example values file the doc names exists
     for name in re.findall(r"`([a-z-]+\.yaml)`", DOC):
-        if name != "cuda-sample.yaml":
+        if name not in ("cuda-sample.yaml", "gang-train.yaml"):
             assert (ROOT / "charts" / "sharegpu" / "examples" / name).is_file(), name
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from sharegpu import kobjects
 from sharegpu.annotations import assigned_patch, decode
-from sharegpu.extender.bind import BindError, Binder
+from sharegpu.extender.bind import Binder, BindError
 from sharegpu.extender.memapi import MemoryApi
 from sharegpu.extender.view import ClusterView
 from sharegpu.extender.wire import BindingArgs

@@ -146,6 +146,9 @@ RESOURCEPOLICY = ResourceType(
     "scheduling.alibabacloud.com", "v1alpha1", "resourcepolicies", "ResourcePolicy", True,
     singular="resourcepolicy",
 )
+# ACK's gang PodGroup (a custom resource in a real cluster; the chart ships its CRD)
+PODGROUP = ResourceType("scheduling.sigs.k8s.io", "v1alpha1", "podgroups", "PodGroup", True,
+                        short_names=("pg",), singular="podgroup")
 # events.k8s.io/v1 field names -> core/v1 field names (the upstream conversion).
 EVENTS_V1_TO_CORE = {
     "regarding": "involvedObject",
@@ -211,6 +214,7 @@ RESOURCES: tuple[ResourceType, ...] = (
     LEASE,
     EVENTS_V1,
     RESOURCEPOLICY,
+    PODGROUP,
 )
 
 # Resources kept in the store (bindings are an action on pods, not stored objects).

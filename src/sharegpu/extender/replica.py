@@ -31,6 +31,7 @@ from .informer import Informer
 from .kube import KubeApi
 from .leader import LeaderElector
 from .metrics import Metrics
+from .podgroups import PodGroupWatch
 from .resourcepolicies import ResourcePolicies
 from .server import ExtenderApp
 from .view import ClusterView
@@ -79,6 +80,8 @@ class Replica:
                              start_wait=start_wait)
         self.events = EventRecorder(api, self.metrics, host=identity)
         self.view.on_unseen = self._unseen
+        self.view.gang_may_hold = self.may_bind  # only the binder holds a gang's GPU shares
+        self.podgroups = PodGroupWatch(api, self.view)
         self.service = ExtenderApp(self.view, self.binder, self.metrics, self.events,
                                    is_ready=self.is_ready, is_synced=self.is_ready,
                                    forward_bind=self.forward_bind, units=self.units)
@@ -111,6 +114,8 @@ class Replica:
     def _leader_changed(self, leader: bool) -> None:
         self.metrics.leader.set(1 if leader else 0)
         self._leader_synced = False
+        if not leader:
+            self.view.drop_gang_holds()
         if leader:
             self._tasks.append(asyncio.get_running_loop().create_task(self._take_over()))
 
@@ -181,6 +186,8 @@ class Replica:
             self.probe_port = await self._probe_server.start(*probe)
         self._tasks.append(asyncio.create_task(self.units.run(self.api), name="resourcepolicies"))
         await self.informer.start()
+        self._tasks += [asyncio.create_task(self.podgroups.run(), name="podgroups"),
+                        asyncio.create_task(self.podgroups.expire(), name="gang-expiry")]
         self._server = self.service.server(**self.http_limits)
         self.port = await self._server.start(host, port, ssl_context)
         if self.elector is not None:

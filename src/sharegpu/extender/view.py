@@ -11,7 +11,9 @@ concept:
 - :mod:`.answers` (:class:`~.answers.SchedulingAnswers`): filter, prioritize's scores and the
   bind's reservation;
 - :mod:`.early_prioritize` (:class:`~.early_prioritize.EarlyPrioritize`): the prioritize
-  answered right after its filter and kept while nothing it read changed.
+  answered right after its filter and kept while nothing it read changed;
+- :mod:`.gangs` (:class:`~.gangs.GangScheduling`): pod groups placed all together or not at
+  all, with their GPU shares held while they wait (wraps the verbs and the pod events).
 
 Everything is synchronous and free of I/O; the informer feeds it events and the HTTP handlers
 ask it questions, all on one event loop, so every method runs atomically.
@@ -24,11 +26,12 @@ from ..request import Kind
 from .answers import SchedulingAnswers, request_key
 from .cache import ROW_LOCAL_POLICIES, UNKNOWN_NODE, ClusterCache
 from .early_prioritize import EarlyPrioritize
+from .gangs import GangScheduling
 from .reader import Placed, PlacementReader
 from .workload import default_workload, shape_of
 
 
-class ClusterView(EarlyPrioritize, SchedulingAnswers, ClusterCache):
+class ClusterView(GangScheduling, EarlyPrioritize, SchedulingAnswers, ClusterCache):
     def __init__(self, policy: str = "default", *, workload_refresh: int = 50,
                  graded: bool = False, workload: TargetWorkload | None = None) -> None:
         """``workload``: a fixed target workload for the policy (e.g. the history a simulation
@@ -36,6 +39,7 @@ class ClusterView(EarlyPrioritize, SchedulingAnswers, ClusterCache):
         prioritize scores every feasible node, not only the policy's pick."""
         self._init_answers(graded)
         self._init_early()
+        self._init_gangs()
         ClusterCache.__init__(self, policy, workload_refresh=workload_refresh, workload=workload)
 
 

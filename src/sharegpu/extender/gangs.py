@@ -1,0 +1,462 @@
+"""Gang scheduling in the extender: the groups as the informer shows them, the GPU shares held
+for a group's pods while they wait, and the filter, prioritize and bind hooks that use them.
+A part of :class:`~.view.ClusterView` (it comes first in its bases, so its ``filter``,
+``prioritize``, ``reserve``, ``bound``, ``release_inflight``, ``upsert_pod``, ``delete_pod`` and
+``reset`` wrap the cache's and the answers').
+
+How a group is placed (see docs/gang.md):
+
+- kube-scheduler asks filter for a pod of a group whose min-available is not yet met (bound pods
+  plus held pods). The view plans the whole group at once against the current state
+  (:func:`sharegpu.gang.plan`, the same policy code as a single pod), among the nodes
+  kube-scheduler passed: either at least ``need`` pods get a place, each held in the state as an
+  in-flight reservation tagged with the group, or nothing is held and the filter fails every node
+  with a reason naming the group (``gang ns/train: 5 of 8 pods fit; min-available 8``).
+- A held pod passes the filter on its held node only; its bind takes the held GPUs (the binder's
+  :meth:`reserve` returns the hold), writes them as annotations and binds, like any pod.
+- Holds of a group that is not fully bound ``timeout`` seconds after they were made (the
+  PodGroup's ``scheduleTimeoutSeconds``, else :data:`sharegpu.gang.DEFAULT_TIMEOUT_S`) are all
+  released; a pod deleted while held releases its hold.
+- Only a view that may bind (the leader, ``gang_may_hold``) holds shares. Elsewhere the plan is
+  a dry run, released at once: the filter still says whether and where the group fits, and the
+  leader's bind plans again (with the pod pinned to the node kube-scheduler chose).
+
+Holds are in memory: a leader change or a restart drops them, which is safe (nothing of an
+unbound pod is written anywhere; the group is planned again).
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import PlacementError, ValidationError
+from ..gang import (
+    DEFAULT_TIMEOUT_S,
+    LABEL_GROUP,
+    LABEL_GROUP_SHORT,
+    LABEL_MIN_AVAILABLE,
+    gang_labels,
+    parse_min,
+    plan,
+)
+from ..pods import is_terminated, node_of
+from ..request import PodRequest
+from ..state import Reservation
+from .reader import _key
+
+GroupKey = tuple[str, str]  # (namespace, name)
+
+
+def _names_group(labels: Mapping[str, Any]) -> bool:
+    return LABEL_GROUP in labels or LABEL_GROUP_SHORT in labels or LABEL_MIN_AVAILABLE in labels
+
+
+@dataclass
+class _Member:
+    request: PodRequest | None  # None: no GPU request, or a request that is refused
+    bound: bool
+    min_label: int | None
+    problem: str = ""  # why the pod's request or labels are refused
+
+
+@dataclass
+class _Group:
+    key: GroupKey
+    members: dict[str, _Member] = field(default_factory=dict)
+    holds: set[str] = field(default_factory=set)
+    deadline: float = 0.0
+    generation: int = 0  # grows with every plan that made holds (expiry checks it)
+
+    @property
+    def name(self) -> str:
+        return f"{self.key[0]}/{self.key[1]}"
+
+
+@dataclass(frozen=True)
+class PodGroupSpec:
+    """What a PodGroup object says (``problem``: why it is refused, naming the field)."""
+
+    min_member: int | None
+    timeout_s: float | None
+    problem: str = ""
+
+
+def podgroup_spec(obj: Mapping[str, Any]) -> PodGroupSpec:
+    spec = obj.get("spec") or {}
+    if not isinstance(spec, Mapping):
+        return PodGroupSpec(None, None, "PodGroup spec must be an object")
+    try:
+        raw = spec.get("minMember")
+        n = None if raw is None else parse_min("PodGroup spec.minMember", raw)
+        t = spec.get("scheduleTimeoutSeconds")
+        timeout = None
+        if t is not None:
+            if isinstance(t, bool) or not isinstance(t, int) or t < 1:
+                raise ValidationError("PodGroup spec.scheduleTimeoutSeconds", t,
+                                      "must be an integer ≥ 1")
+            timeout = float(t)
+    except ValidationError as e:
+        return PodGroupSpec(None, None, str(e))
+    return PodGroupSpec(n, timeout)
+
+
+class GangScheduling:
+    """The gang part of :class:`~.view.ClusterView` (the cache's and the answers' attributes
+    come from the other bases)."""
+
+    # provided by the other bases of ClusterView
+    state: Any
+    scheduler: Any
+    inflight: dict[str, Reservation]
+    reader: Any
+    _change_logs: list[set[str]]
+
+    def _init_gangs(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.gang_clock = clock
+        self.gang_may_hold: Callable[[], bool] = lambda: True
+        self.gang_default_timeout = DEFAULT_TIMEOUT_S
+        self.groups: dict[GroupKey, _Group] = {}
+        self._group_of: dict[str, GroupKey] = {}  # pod key -> its group
+        self._held_by: dict[str, GroupKey] = {}  # held pod key -> its group
+        self._binding: set[str] = set()  # held pods the binder is binding now
+        self._deadlines: list[tuple[float, GroupKey, int]] = []
+        self.podgroups: dict[GroupKey, PodGroupSpec] = {}
+
+    # -- the groups, from pod and PodGroup events ---------------
+    def _note_pod(self, key: str, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        labels = meta.get("labels") if isinstance(meta, Mapping) else None
+        gk: GroupKey | None = None
+        member: _Member | None = None
+        if labels and _names_group(labels) and not is_terminated(obj):
+            try:
+                g = gang_labels(labels)
+            except ValidationError as e:
+                g, problem = None, str(e)
+                name = labels.get(LABEL_GROUP) or labels.get(LABEL_GROUP_SHORT)
+                if isinstance(name, str) and name:
+                    gk = (key.split("/", 1)[0], name)
+                    member = _Member(None, bool(node_of(obj)), None, problem)
+            if g is not None:
+                gk = (key.split("/", 1)[0], g.name)
+                req: PodRequest | None
+                problem = ""
+                try:
+                    req = self.reader.request(obj)
+                    if not req.wants_gpu:
+                        req = None
+                except ValidationError as e:
+                    req, problem = None, str(e)
+                member = _Member(req, bool(node_of(obj)), g.min_available, problem)
+        old = self._group_of.get(key)
+        if old is not None and old != gk:
+            self._forget_member(key, old)
+        if gk is None or member is None:
+            return
+        group = self.groups.get(gk)
+        if group is None:
+            group = self.groups[gk] = _Group(gk)
+        group.members[key] = member
+        self._group_of[key] = gk
+
+    def _forget_member(self, key: str, gk: GroupKey) -> None:
+        self._group_of.pop(key, None)
+        group = self.groups.get(gk)
+        if group is None:
+            return
+        group.members.pop(key, None)
+        if not group.members and not group.holds:
+            del self.groups[gk]
+
+    def upsert_podgroup(self, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        gk = (str(meta.get("namespace") or "default"), str(meta.get("name") or ""))
+        self.podgroups[gk] = podgroup_spec(obj)
+
+    def delete_podgroup(self, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        self.podgroups.pop((str(meta.get("namespace") or "default"),
+                            str(meta.get("name") or "")), None)
+
+    def reset_podgroups(self, objs: Iterable[Mapping[str, Any]]) -> None:
+        self.podgroups = {}
+        for obj in objs:
+            self.upsert_podgroup(obj)
+
+    # -- wrapped cache methods ---------------
+    def upsert_pod(self, obj: Mapping[str, Any]) -> None:
+        key = _key(obj)
+        self._note_pod(key, obj)
+        if key in self._held_by and key not in self._binding and (
+                node_of(obj) or is_terminated(obj)):
+            # bound by someone else (a new leader), or ended: the hold is no longer ours
+            self._release_hold(key)
+        super().upsert_pod(obj)  # type: ignore[misc]
+
+    def delete_pod(self, obj: Mapping[str, Any]) -> None:
+        key = _key(obj)
+        gk = self._group_of.get(key)
+        if gk is not None:
+            self._forget_member(key, gk)
+        self._unmark(key)
+        super().delete_pod(obj)  # type: ignore[misc]
+
+    def reset(self, nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]
+              ) -> int:
+        pods = pods if isinstance(pods, list) else list(pods)
+        bad = super().reset(nodes, pods)  # type: ignore[misc]
+        holds = {k: gk for k, gk in self._held_by.items() if k in self.inflight}
+        self.groups, self._group_of = {}, {}
+        for obj in pods:
+            meta = obj.get("metadata") or {}
+            labels = meta.get("labels") or {}
+            if labels and _names_group(labels):
+                self._note_pod(_key(obj), obj)
+        self._held_by = {}
+        for k, gk in holds.items():  # in-flight holds survive a rebuild (the reset keeps them)
+            self._held_by[k] = gk
+            group = self.groups.get(gk)
+            if group is None:
+                group = self.groups[gk] = _Group(gk)
+            group.holds.add(k)
+        for group in self.groups.values():
+            group.holds &= set(holds)
+        self._binding &= set(holds)
+        return bad
+
+    # -- holds ---------------
+    def _unmark(self, key: str) -> None:
+        gk = self._held_by.pop(key, None)
+        self._binding.discard(key)
+        if gk is not None:
+            group = self.groups.get(gk)
+            if group is not None:
+                group.holds.discard(key)
+                if not group.members and not group.holds:
+                    del self.groups[gk]
+
+    def _release_hold(self, key: str) -> None:
+        self._unmark(key)
+        for log in self._change_logs:
+            log.add(key)
+        if self.inflight.pop(key, None) is not None and key in self.state.pods:
+            self.scheduler.release(key)
+
+    def drop_gang_holds(self) -> int:
+        """Release every hold not being bound now (this replica stopped leading)."""
+        keys = [k for k in self._held_by if k not in self._binding]
+        for k in keys:
+            self._release_hold(k)
+        return len(keys)
+
+    def gang_expire(self) -> list[str]:
+        """Release the holds of every group whose timeout passed; the released pod keys."""
+        now = self.gang_clock()
+        out: list[str] = []
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, gk, gen = heapq.heappop(self._deadlines)
+            group = self.groups.get(gk)
+            if group is None or group.generation != gen:
+                continue
+            for k in sorted(group.holds):
+                if k not in self._binding:
+                    self._release_hold(k)
+                    out.append(k)
+        return out
+
+    def gang_holds(self, group: str) -> dict[str, str]:
+        """Held pod -> node for the group ``namespace/name`` (for tests and inspection)."""
+        ns, _, name = group.partition("/")
+        g = self.groups.get((ns, name))
+        if g is None:
+            return {}
+        return {k: self.inflight[k].node for k in sorted(g.holds) if k in self.inflight}
+
+    # -- what a group needs ---------------
+    def _group_for(self, req: PodRequest) -> _Group | None:
+        """The pod's group (ValidationError for malformed labels); the pod is noted in it
+        when the informer has not shown it yet."""
+        g = gang_labels(req.labels)
+        if g is None:
+            return None
+        gk = (req.namespace, g.name)
+        group = self.groups.get(gk)
+        if group is None:
+            group = self.groups[gk] = _Group(gk)
+        if req.key not in group.members:
+            group.members[req.key] = _Member(req, False, g.min_available)
+            self._group_of[req.key] = gk
+        return group
+
+    def _min_available(self, group: _Group) -> tuple[int, float]:
+        """(min-available, timeout) of the group; PlacementError naming the rule when
+        neither a PodGroup nor a label gives it, or a PodGroup is refused."""
+        pg = self.podgroups.get(group.key)
+        timeout = self.gang_default_timeout
+        if pg is not None:
+            if pg.problem:
+                raise PlacementError(f"gang {group.name}: {pg.problem}")
+            if pg.timeout_s is not None:
+                timeout = pg.timeout_s
+            if pg.min_member is not None:
+                return pg.min_member, timeout
+        labels = [m.min_label for m in group.members.values() if m.min_label is not None]
+        if not labels:
+            raise PlacementError(
+                f"gang {group.name}: no min-available: set the pod label {LABEL_MIN_AVAILABLE} "
+                f"or create PodGroup {group.key[1]} (scheduling.sigs.k8s.io/v1alpha1) with "
+                "spec.minMember in the namespace")
+        return max(labels), timeout
+
+    def _plan_group(self, group: _Group, among: np.ndarray | None,
+                    pinned: tuple[PodRequest, int] | None, hold: bool) -> bool | str:
+        """Place the group's waiting pods so that bound + held reaches min-available. True:
+        met already (nothing to plan); False: planned (held when ``hold``); a string: the
+        reason nothing fits."""
+        need_total, timeout = self._min_available(group)
+        bound = sum(1 for m in group.members.values() if m.bound)
+        for k in [k for k in group.holds if k not in self.inflight]:  # gone with a node
+            self._unmark(k)
+        held = len(group.holds)
+        need = need_total - bound - held
+        if need <= 0:
+            return True
+        waiting = [m.request for k, m in group.members.items()
+                   if not m.bound and k not in group.holds and m.request is not None
+                   and k not in self.state.pods]
+        problems = [m.problem for m in group.members.values() if m.problem]
+        if len(waiting) < need:
+            why = (f"gang {group.name}: {bound + held + len(waiting)} of {need_total} pods "
+                   f"can take part (bound {bound}, held {held}, waiting {len(waiting)}); "
+                   f"min-available {need_total}")
+            if problems:
+                why += f"; refused: {problems[0]}"
+            return why
+        self.maybe_refresh_workload()  # type: ignore[attr-defined]
+        got = plan(self.scheduler, waiting, need, among, pinned)
+        if not got.ok:
+            return (f"gang {group.name}: {bound + held + got.fit} of {need_total} pods fit "
+                    f"(bound {bound}, held {held}, waiting {len(waiting)}); "
+                    f"min-available {need_total}")
+        if not hold:
+            for r, _d in got.placed:
+                self.scheduler.release(r.key)
+            return False
+        group.generation += 1
+        group.deadline = self.gang_clock() + timeout
+        heapq.heappush(self._deadlines, (group.deadline, group.key, group.generation))
+        for r, _d in got.placed:
+            k = r.key
+            self.inflight[k] = self.state.pods[k]
+            self._held_by[k] = group.key
+            group.holds.add(k)
+            for log in self._change_logs:
+                log.add(k)
+        return False
+
+    # -- the verbs ---------------
+    def filter(self, req: PodRequest, names: list[str]
+               ) -> tuple[list[str], dict[str, str], dict[str, str]]:
+        self.gang_expire()
+        if not req.wants_gpu:
+            return super().filter(req, names)  # type: ignore[misc]
+        try:
+            group = self._group_for(req)
+        except ValidationError as e:
+            return [], {}, dict.fromkeys(names, f"invalid pod group: {e}")
+        if group is None:
+            return super().filter(req, names)  # type: ignore[misc]
+        key = req.key
+        if key in self._held_by and key in self.inflight:
+            node = self.inflight[key].node
+            why = f"gang {group.name}: this pod's GPU share is held on node {node}"
+            return ([node] if node in names else [],
+                    {n: why for n in names if n != node}, {})
+        try:
+            slots = self.slots(names)  # type: ignore[attr-defined]
+            among = np.zeros(self.state.n, dtype=bool)
+            among[slots[slots >= 0]] = True
+            # a view that may not bind (a follower) plans as a dry run: the filter says whether
+            # the group fits, the leader's bind plans again and holds
+            outcome = self._plan_group(group, among, None, hold=self.gang_may_hold())
+        except PlacementError as e:
+            return [], {}, dict.fromkeys(names, str(e))
+        if isinstance(outcome, str):
+            return [], dict.fromkeys(names, outcome), {}
+        if key in self._held_by and key in self.inflight:
+            return self.filter(req, names)  # its held node, as for any held pod
+        return super().filter(req, names)  # type: ignore[misc]
+
+    def prioritize(self, req: PodRequest, names: list[str]) -> dict[str, int]:
+        key = req.key
+        if key in self._held_by and key in self.inflight:
+            node = self.inflight[key].node
+            return {n: 10 if n == node else 0 for n in names}
+        return super().prioritize(req, names)  # type: ignore[misc]
+
+    def reserve(self, req: PodRequest, node: str) -> Reservation:
+        self.gang_expire()
+        key = req.key
+        if key in self._held_by and key in self.inflight:
+            r = self.inflight[key]
+            if r.node == node:
+                self._binding.add(key)
+                return r
+            # kube-scheduler chose another node: move the hold there when the pod fits there
+            gk = self._held_by[key]
+            self._release_hold(key)
+            try:
+                r = super().reserve(req, node)  # type: ignore[misc]
+            except PlacementError:
+                back = self.state.reserve(req, r.node, r.alloc, check_host=False)
+                self.inflight[key] = back
+                self._held_by[key] = gk
+                self.groups[gk].holds.add(key)
+                raise PlacementError(
+                    f"{key}: gang {gk[0]}/{gk[1]} holds this pod's GPU share on node {r.node}, "
+                    f"and it does not fit on {node}") from None
+            self._held_by[key] = gk
+            self.groups[gk].holds.add(key)
+            self._binding.add(key)
+            return r
+        if not req.wants_gpu:
+            return super().reserve(req, node)  # type: ignore[misc]
+        try:
+            group = self._group_for(req)
+        except ValidationError as e:
+            raise PlacementError(f"{key}: invalid pod group: {e}") from None
+        if group is None:
+            return super().reserve(req, node)  # type: ignore[misc]
+        i = self.state.index.get(node)
+        if i is None:
+            return super().reserve(req, node)  # type: ignore[misc]  (its clear error)
+        outcome = self._plan_group(group, None, (req, i), hold=True)
+        if isinstance(outcome, str):
+            raise PlacementError(outcome)
+        if key in self._held_by and key in self.inflight:
+            self._binding.add(key)
+            return self.inflight[key]
+        return super().reserve(req, node)  # type: ignore[misc]
+
+    def release_inflight(self, key: str) -> None:
+        if key in self._held_by:
+            # a failed bind of a held pod: the hold stays for the retry (or the timeout)
+            self._binding.discard(key)
+            return
+        super().release_inflight(key)  # type: ignore[misc]
+
+    def bound(self, key: str) -> None:
+        gk = self._held_by.get(key)
+        self._unmark(key)
+        if gk is not None:
+            group = self.groups.get(gk)
+            m = group.members.get(key) if group is not None else None
+            if m is not None:
+                m.bound = True
+        super().bound(key)  # type: ignore[misc]
