@@ -984,8 +984,8 @@ def test_resourcepolicy_crd_schema_and_printer_columns():
 
     assert parse_policy(_policy()).timeout_s == 5400
     # installCRD=false leaves it out (a cluster that has it already)
-    assert not [d for d in render(None, KUBE, "resourcePolicy.installCRD=false")
-                if d["kind"] == "CustomResourceDefinition"]
+    assert [d["metadata"]["name"] for d in render(None, KUBE, "resourcePolicy.installCRD=false")
+            if d["kind"] == "CustomResourceDefinition"] == ["podgroups.scheduling.sigs.k8s.io"]
 
 
 def test_webhook_validates_resourcepolicies_and_fails_closed():
@@ -1019,4 +1019,5 @@ def test_podgroup_crd_and_the_extenders_right_to_read_it():
     for verb in ("get", "list", "watch"):
         assert (PODGROUP_GROUP, "podgroups", verb, None) in ext
     off = render(None, KUBE, "gang.installPodGroupCRD=false")
-    assert [d for d in off if d["kind"] == "CustomResourceDefinition"] == []
+    assert [d["metadata"]["name"] for d in off if d["kind"] == "CustomResourceDefinition"] == [
+        "resourcepolicies.scheduling.alibabacloud.com"]
