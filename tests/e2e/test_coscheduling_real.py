@@ -275,6 +275,12 @@ def test_resourcepolicy_deployment_fills_units_and_scales_in_from_the_last(
         assert over_commits(node_dicts(admin, run), pod_dicts(admin, ns)) == []
         fs = _failed_scheduling(admin, ns)
         retried = {k: v for k, v in fs.items() if k.startswith("web-")}
+        # kube-scheduler binds asynchronously: pods filtered while the binds that fill a unit
+        # were in flight lose the race at bind (the unit's claims) and are retried; the reason
+        # says so (nothing else refuses these pods: the nodes have room for all 30)
+        for k, msgs in retried.items():
+            for m in msgs:
+                assert "became full" in m and "after this pod was filtered" in m, (k, m)
         report(f"ResourcePolicy web (max 10 / 10 / unlimited) + Deployment of 30 GPU pods "
                f"(aliyun.com/gpu-mem: 2) on {len(pool_of)} nodes: all bound in {t_bound:.1f}s; "
                f"per unit {[per_unit[u] for u in range(3)]}; order of the binds by unit: "
