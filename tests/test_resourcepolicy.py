@@ -243,7 +243,12 @@ def test_claims_count_at_once_and_are_released_on_failure():
     # unit 0 is full now (1 bound + 1 claimed): the next pod may not bind there
     with pytest.raises(ValidationError) as e:
         u.claim("default", "q2", {"app": "web"}, "a1")
-    assert "unit 0 full" in str(e.value)
+    # the bind's reason says what happened: the unit filled after the filter (a race with
+    # other binds), and where the retried pod goes now
+    assert "unit 0 became full (max 2, binds in flight counted) after this pod was filtered" \
+        in str(e.value)
+    assert "may use unit 1, 2 now" in str(e.value)
+    assert "no node of unit" not in str(e.value)
     assert u.restrict(pod("q2"), ["a1", "b1"], {}) == ["b1"]
     u.release("default", "q1")
     assert u.restrict(pod("q2"), ["a1", "b1"], {}) == ["a1"]
@@ -253,6 +258,23 @@ def test_claims_count_at_once_and_are_released_on_failure():
     assert u.claims == {} and u.unit_counts("default/web") == {0: 2}
     # pods no policy selects are not claimed
     assert u.claim("default", "free", {"app": "db"}, "a1") is None
+
+
+def test_bind_refusals_name_what_changed_since_the_filter():
+    u = counter(policy_obj(whenTryNextUnits={"policy": "ExceedMax"}), pods=[pod("q")])
+    # ExceedMax: unit 1 is not full but the pod may not go there before unit 0 is
+    with pytest.raises(ValidationError) as e:
+        u.claim("default", "q", {"app": "web"}, "b1")
+    msg = str(e.value)
+    assert "unit 1 may not be used by this pod now" in msg, msg
+    assert "whenTryNextUnits ExceedMax does not allow unit 1 yet" in msg, msg
+    assert "may use unit 0 now" in msg, msg
+    # a node of no unit
+    u.on_event(NODES, "ADDED", {"metadata": {"name": "z1", "labels": {"pool": "z"}}})
+    with pytest.raises(ValidationError) as e:
+        u.claim("default", "q", {"app": "web"}, "z1")
+    assert "the node is in no unit of the policy" in str(e.value)
+    assert u.claims == {}
 
 
 def test_timeout_counts_from_creation_with_an_injected_clock():

@@ -315,10 +315,11 @@ class ResourcePolicies:
         if got is None:
             return None
         p, reach, usage = got
-        unit = p.unit_of_node(self.node_labels.get(node, {}), reach)
+        labels_of_node = self.node_labels.get(node, {})
+        unit = p.unit_of_node(labels_of_node, reach)
         if unit is None:
-            raise ValidationError("node", node, why_not(p, usage, reach) + "; the node is in "
-                                  "no unit this pod may use now")
+            raise ValidationError("node", node, _refusal(p, usage, reach,
+                                                         p.unit_of_node(labels_of_node)))
         self.claims[key] = (p.key, p.group(labels), unit, False)
         self._apply(key)
         u = p.units[unit]
@@ -372,6 +373,23 @@ class ResourcePolicies:
             except Exception as e:  # 410 Gone, a dropped connection: list again
                 log.info("ResourcePolicy watch ended (%s); listing again", e)
                 await asyncio.sleep(min(self.retry_s, 0.5))
+
+
+def _refusal(p: ResourcePolicy, usage: Usage, reach: list[int], at: int | None) -> str:
+    """Why a bind to a node of unit ``at`` (None: of no unit) is refused. The filter passed
+    the node moments ago, so the usual cause is a race: binds of other pods of the policy
+    filled the unit meanwhile (kube-scheduler binds asynchronously); the pod is retried and
+    goes to the units it may use now."""
+    then = (f"; kube-scheduler retries the pod, which may use unit "
+            f"{', '.join(map(str, reach))} now" if reach else "")
+    if at is None:
+        return f"ResourcePolicy {p.key}: the node is in no unit of the policy{then}"
+    mx = p.units[at].max
+    if mx is not None and usage.count(at) >= mx:
+        return (f"ResourcePolicy {p.key}: unit {at} became full (max {mx}, binds in flight "
+                f"counted) after this pod was filtered{then}")
+    return (f"ResourcePolicy {p.key}: unit {at} may not be used by this pod now "
+            f"({why_not(p, usage, reach).split(': ', 1)[1]}){then}")
 
 
 def _name(obj: Mapping[str, Any]) -> str:
