@@ -361,3 +361,43 @@ def test_webhook_http_answers_a_policy_review():
             assert r.status == 400
 
     asyncio.run(go())
+
+
+def test_a_refused_watch_is_a_warning_with_growing_backoff_and_lists_still_apply(
+        monkeypatch: Any, caplog: Any) -> None:
+    """403 on the watch (RBAC allows list, not watch): warned, listed again after 2x, 4x, ...
+    the retry (capped), and each list still brings the policies in."""
+    import asyncio as aio
+    import logging
+
+    from sharegpu.extender.kube import ApiError, Gone
+    from sharegpu.extender.resourcepolicies import ResourcePolicies
+
+    sleeps: list[float] = []
+    lists = 0
+
+    class Api:
+        async def list(self, path: str) -> tuple[list[Any], str]:
+            nonlocal lists
+            lists += 1
+            if lists == 6:
+                raise aio.CancelledError
+            return [], "7"
+
+        async def watch(self, path: str, rv: str) -> Any:
+            if lists == 2:
+                raise Gone(410, "Expired", "too old")
+            raise ApiError(403, "Forbidden", "cannot watch resourcepolicies")
+            yield  # pragma: no cover
+
+    async def fake_sleep(s: float) -> None:
+        sleeps.append(s)
+
+    monkeypatch.setattr("sharegpu.extender.resourcepolicies.asyncio.sleep", fake_sleep)
+    rp = ResourcePolicies(retry_s=1.0)
+    with caplog.at_level(logging.WARNING), pytest.raises(aio.CancelledError):
+        aio.run(rp.run(Api()))  # type: ignore[arg-type]
+    assert rp.synced
+    # list 1: 403 → 2 s; list 2: 410 → at once; lists 3, 4, 5: 403 → 4, 8, 16 s
+    assert sleeps == [2.0, 4.0, 8.0, 16.0]
+    assert sum("watching ResourcePolicies refused" in r.message for r in caplog.records) == 4

@@ -41,7 +41,7 @@ from ..resourcepolicy import (
     waited,
     why_not,
 )
-from .kube import NODES, PODS, ApiError, KubeApi
+from .kube import NODES, PODS, ApiError, Gone, KubeApi
 
 log = logging.getLogger(__name__)
 
@@ -338,6 +338,7 @@ class ResourcePolicies:
         """List and watch ResourcePolicies until cancelled. The CRD not installed (404): no
         policies, looked for again every ``absent_retry_s``."""
         warned = False
+        failures = 0  # watches refused in a row
         while True:
             try:
                 items, rv = await api.list(PATH)
@@ -364,12 +365,23 @@ class ResourcePolicies:
             self.crd_missing, self.synced, warned = False, True, False
             try:
                 async for kind, obj in api.watch(PATH, rv):
+                    failures = 0
                     if kind == "DELETED":
                         self.delete_policy(obj)
                     elif kind in ("ADDED", "MODIFIED"):
                         self.upsert_policy(obj)
             except asyncio.CancelledError:
                 raise
+            except ApiError as e:
+                if isinstance(e, Gone):  # history compacted: list again at once
+                    continue
+                # refused (403: the ServiceAccount may list but not watch, a broken RBAC): say
+                # so loudly and back off; policy changes are seen at each list meanwhile
+                failures += 1
+                delay = min(self.retry_s * 2 ** min(failures, 6), 30.0)
+                log.warning("watching ResourcePolicies refused (%s); listing again in %.1f s",
+                            e, delay)
+                await asyncio.sleep(delay)
             except Exception as e:  # 410 Gone, a dropped connection: list again
                 log.info("ResourcePolicy watch ended (%s); listing again", e)
                 await asyncio.sleep(min(self.retry_s, 0.5))
