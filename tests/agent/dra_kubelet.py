@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,10 @@ from sharegpu.agent.proto import dra_v1_pb2_grpc as pb_grpc
 from sharegpu.agent.proto import pluginregistration_v1_pb2 as reg_pb
 from sharegpu.agent.proto import pluginregistration_v1_pb2_grpc as reg_grpc
 
+# the CDI library's rules (pkg/parser): vendor and class names, device names
+_CDI_KIND = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?/[A-Za-z0-9]([A-Za-z0-9_-]*"
+                       r"[A-Za-z0-9])?")
+_CDI_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?")
 # pkg/kubelet/cm/dra/plugin: servicesSupportedByKubelet, most recent first
 KUBELET_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 
@@ -118,8 +123,9 @@ def cdi_registry(directory: str) -> dict[str, dict[str, Any]]:
             continue
         with open(os.path.join(directory, f)) as fh:
             spec = json.load(fh)
-        assert spec["cdiVersion"] and "/" in spec["kind"], f
+        assert spec["cdiVersion"] and _CDI_KIND.fullmatch(spec["kind"]), f
         for d in spec["devices"]:
+            assert _CDI_NAME.fullmatch(d["name"]), (f, d["name"])
             qid = f"{spec['kind']}={d['name']}"
             assert qid not in out, f"CDI device {qid} defined twice"
             out[qid] = d["containerEdits"]

@@ -111,7 +111,7 @@ class Checkpoint:
                 os.replace(self.path, aside)
             return
         claims = data.get("claims") if isinstance(data, dict) else None
-        if data.get("version") != CHECKPOINT_VERSION or not isinstance(claims, dict):
+        if not isinstance(claims, dict) or data.get("version") != CHECKPOINT_VERSION:
             log.error("DRA checkpoint %s is not version %d: ignored", self.path,
                       CHECKPOINT_VERSION)
             return
