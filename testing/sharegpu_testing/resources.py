@@ -149,6 +149,10 @@ RESOURCEPOLICY = ResourceType(
 # ACK's gang PodGroup (a custom resource in a real cluster; the chart ships its CRD)
 PODGROUP = ResourceType("scheduling.sigs.k8s.io", "v1alpha1", "podgroups", "PodGroup", True,
                         short_names=("pg",), singular="podgroup")
+# DRA (resource.k8s.io/v1): the agent's kubelet plugin reads a claim's allocation
+RESOURCECLAIM = ResourceType("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", True,
+                             subresources=("status",), status_subresource=True,
+                             singular="resourceclaim")
 # events.k8s.io/v1 field names -> core/v1 field names (the upstream conversion).
 EVENTS_V1_TO_CORE = {
     "regarding": "involvedObject",
@@ -215,6 +219,7 @@ RESOURCES: tuple[ResourceType, ...] = (
     EVENTS_V1,
     RESOURCEPOLICY,
     PODGROUP,
+    RESOURCECLAIM,
 )
 
 # Resources kept in the store (bindings are an action on pods, not stored objects).

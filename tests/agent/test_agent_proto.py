@@ -55,3 +55,41 @@ def test_committed_modules_are_generated_from_the_proto(tmp_path):
 
     assert descriptor_line(fresh) == descriptor_line(committed), (
         "api_pb2.py is stale: run scripts/gen_proto.sh")
+
+
+def test_dra_wire_format_is_the_kubelets():
+    """dra_v1.proto and pluginregistration_v1.proto are upstream's (k8s.io/kubelet v0.37.2):
+    the packages give the gRPC method paths the kubelet calls."""
+    from sharegpu.agent.proto import dra_v1_pb2 as dra
+    from sharegpu.agent.proto import pluginregistration_v1_pb2 as reg
+
+    assert dra.DESCRIPTOR.package == "k8s.io.kubelet.pkg.apis.dra.v1"
+    svc = dra.DESCRIPTOR.services_by_name["DRAPlugin"]
+    assert svc.full_name == "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
+    assert [m.name for m in svc.methods] == ["NodePrepareResources", "NodeUnprepareResources"]
+    assert fields(dra.Claim) == {"namespace": 1, "uid": 2, "name": 3}
+    assert fields(dra.NodePrepareResourcesRequest) == {"claims": 1}
+    assert fields(dra.NodePrepareResourcesResponse) == {"claims": 1}
+    assert fields(dra.NodePrepareResourceResponse) == {"devices": 1, "error": 2}
+    assert fields(dra.Device) == {"request_names": 1, "pool_name": 2, "device_name": 3,
+                                  "cdi_device_ids": 4, "share_id": 5}
+    assert fields(dra.NodeUnprepareResourceResponse) == {"error": 1}
+    assert reg.DESCRIPTOR.package == "pluginregistration"
+    rsvc = reg.DESCRIPTOR.services_by_name["Registration"]
+    assert [m.name for m in rsvc.methods] == ["GetInfo", "NotifyRegistrationStatus"]
+    assert fields(reg.PluginInfo) == {"type": 1, "name": 2, "endpoint": 3,
+                                      "supported_versions": 4}
+    assert fields(reg.RegistrationStatus) == {"plugin_registered": 1, "error": 2}
+
+
+def test_committed_dra_modules_are_generated_from_the_protos(tmp_path):
+    for name in ("dra_v1", "pluginregistration_v1"):
+        subprocess.run(
+            [sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTO}", f"--python_out={tmp_path}",
+             str(PROTO / f"{name}.proto")],
+            check=True,
+        )
+        fresh = (tmp_path / f"{name}_pb2.py").read_text()
+        committed = (PROTO / f"{name}_pb2.py").read_text()
+        line = lambda text: next(ln for ln in text.splitlines() if "AddSerializedFile" in ln)  # noqa: E731
+        assert line(fresh) == line(committed), f"{name}_pb2.py is stale: run scripts/gen_proto.sh"

@@ -365,6 +365,19 @@ class Allocator:
         return grant, done
 
     # --- responses ---
+    def grant(
+        self,
+        c: Candidate,
+        backend: Backend,
+        node_labels: Mapping[str, str],
+        guard: Guard | None = None,
+    ) -> Grant:
+        """Everything ``c`` gets (its GPUs, and for a shared container the isolation
+        back-end's environment and mounts, memory and compute limits together), without
+        matching or recording anything: the DRA kubelet plugin's answer for a claim."""
+        resource = names.RES_NVIDIA_GPU if c.whole else names.RES_GPU_MEM
+        return self._grant(c, resource, backend, node_labels, guard)
+
     def _uuids(self, gpus: Sequence[int]) -> tuple[str, ...]:
         out = []
         for g in gpus:

@@ -56,6 +56,11 @@ class KubeApi(Protocol):
         """A Warning Event on the node (namespace ``default``, as the kubelet posts them)."""
         ...
 
+    async def get_resource_claim(self, namespace: str, name: str) -> Obj:
+        """A ``resource.k8s.io/v1`` ResourceClaim, as the API server returns it (DRA mode's
+        kubelet plugin reads its allocation)."""
+        ...
+
 
 def _merge(target: dict[str, str], patch: Mapping[str, str | None] | None) -> None:
     for k, v in (patch or {}).items():
@@ -76,6 +81,9 @@ class MemoryKube:
         self.events: list[Obj] = []
         self.latency_s = 0.0  # added to every pod list, to stand in for an API round trip
         self.lists = 0
+        self.claims: dict[tuple[str, str], Obj] = {}  # resource.k8s.io/v1 ResourceClaims
+        self.claim_latency_s = 0.0  # added to every claim read
+        self.claim_reads = 0
 
     # --- test controls ---
     def add_node(self, name: str, labels: Mapping[str, str] | None = None) -> Obj:
@@ -91,6 +99,10 @@ class MemoryKube:
     def add_pod(self, pod: Obj) -> None:
         meta = pod["metadata"]
         self.pods[(meta.get("namespace", "default"), meta["name"])] = pod
+
+    def add_claim(self, claim: Obj) -> None:
+        meta = claim["metadata"]
+        self.claims[(meta.get("namespace", "default"), meta["name"])] = claim
 
     def _notify(self, name: str) -> None:
         for q in self._watchers.get(name, []):
@@ -147,3 +159,13 @@ class MemoryKube:
 
         self.events.append(node_event(node, reason=reason, message=message,
                                       component=EVENT_COMPONENT))
+
+    async def get_resource_claim(self, namespace: str, name: str) -> Obj:
+        if self.claim_latency_s:
+            await asyncio.sleep(self.claim_latency_s)
+        self.claim_reads += 1
+        try:
+            return copy.deepcopy(self.claims[(namespace, name)])
+        except KeyError:
+            raise LookupError(f'resourceclaims.resource.k8s.io "{name}" not found in '
+                              f"namespace {namespace}") from None

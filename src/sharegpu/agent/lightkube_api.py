@@ -25,6 +25,25 @@ def make_client(kubeconfig: str | None = None):  # type: ignore[no-untyped-def]
                               ) from None
 
 
+def _resource_claim():  # type: ignore[no-untyped-def]
+    """``resource.k8s.io/v1`` ResourceClaim as a raw object (lightkube's models may predate it,
+    and a model would drop fields it does not know, such as ``consumedCapacity``): a generic
+    resource of our own, not put in lightkube's registry."""
+    global _CLAIM
+    if _CLAIM is None:
+        from lightkube.generic_resource import GenericNamespacedResource, create_api_info
+
+        class ResourceClaim(GenericNamespacedResource):
+            _api_info = create_api_info("resource.k8s.io", "v1", "ResourceClaim",
+                                        "resourceclaims", verbs=["get"])
+
+        _CLAIM = ResourceClaim
+    return _CLAIM
+
+
+_CLAIM: Any = None
+
+
 def _plain(obj: Any) -> Obj:
     return obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
 
@@ -119,3 +138,6 @@ class LightkubeApi:
 
         obj = node_event(node, reason=reason, message=message, component=EVENT_COMPONENT)
         await self.client.create(Event.from_dict(obj), namespace="default")
+
+    async def get_resource_claim(self, namespace: str, name: str) -> Obj:
+        return _plain(await self.client.get(_resource_claim(), name=name, namespace=namespace))

@@ -323,6 +323,12 @@ class Agent:
             r = await self.check_isolation()
         return r
 
+    async def isolation_guard(self):  # type: ignore[no-untyped-def]
+        """The fail-closed check Allocate makes (the node's back-end, checked again when it was
+        unusable), for the DRA kubelet plugin: call the result with the back-end a container
+        is about to get."""
+        return self._guard(await self._current_readiness())
+
     def _guard(self, readiness: Readiness):  # type: ignore[no-untyped-def]
         """Refuses a container the back-end ``readiness`` describes cannot isolate (also one
         for another back-end: ``_current_readiness`` checked the node's own)."""

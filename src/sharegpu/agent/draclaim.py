@@ -1,0 +1,178 @@
+"""What a ResourceClaim's allocation gives this node's GPUs (``resource.k8s.io/v1``): the
+results of sharegpu's driver, checked rule by rule, grouped by request.
+
+Read from ``status.allocation.devices.results[]`` ({request, driver, pool, device,
+consumedCapacity, shareID}; k8s.io/api resource/v1 ``DeviceRequestAllocationResult``). Results
+of other drivers are left to them. Every refusal is a :class:`~sharegpu.errors.ValidationError`
+naming the field (with the result's index) and the rule. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .. import dra
+from ..errors import ValidationError
+from ..quantity import parse
+
+RESULTS = "status.allocation.devices.results"
+# Kubernetes UIDs are RFC 4122 strings; the claim's UID names files, so nothing else is taken.
+_UID = re.compile(r"[0-9a-zA-Z][0-9a-zA-Z-]{0,62}", re.ASCII)
+
+
+@dataclass(frozen=True)
+class ClaimDevice:
+    """One GPU of a claim: a result of sharegpu's driver."""
+
+    index: int  # position in status.allocation.devices.results
+    request: str
+    pool: str
+    device: str
+    gpu: int
+    mem_gib: int | None  # None: the whole GPU
+    core: int | None  # percent; None: not capped by the claim
+    share_id: str | None
+
+    @property
+    def whole(self) -> bool:
+        return self.mem_gib is None
+
+
+@dataclass(frozen=True)
+class Claim:
+    namespace: str
+    name: str
+    uid: str
+    devices: tuple[ClaimDevice, ...]
+
+    def requests(self) -> dict[str, list[ClaimDevice]]:
+        """The claim's devices by request, in result order."""
+        out: dict[str, list[ClaimDevice]] = {}
+        for d in self.devices:
+            out.setdefault(d.request, []).append(d)
+        return out
+
+
+def check_uid(uid: Any) -> str:
+    if not isinstance(uid, str) or not _UID.fullmatch(uid):
+        raise ValidationError("claim.uid", uid, "must be a Kubernetes UID (letters, digits and "
+                                                "'-', at most 63 characters)")
+    return uid
+
+
+def _str(field: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValidationError(field, value, "must be a non-empty string")
+    return value
+
+
+def parse_claim(
+    obj: Mapping[str, Any], *, uid: str, node: str, gpu_mem: Sequence[int]
+) -> Claim:
+    """The GPUs ``obj`` (a ResourceClaim) was allocated on ``node``, whose GPU ``i`` has
+    ``gpu_mem[i]`` GiB. ``uid`` is the claim the kubelet asked to prepare."""
+    check_uid(uid)
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    meta = meta if isinstance(meta, Mapping) else {}
+    if meta.get("uid") != uid:
+        raise ValidationError(
+            "metadata.uid", meta.get("uid"),
+            f"must be the claim the kubelet prepares ({uid}): the claim was deleted and "
+            "re-created under the same name")
+    status = obj.get("status")
+    alloc = status.get("allocation") if isinstance(status, Mapping) else None
+    if not isinstance(alloc, Mapping):
+        raise ValidationError("status.allocation", alloc, "must be set: the claim is not "
+                              "allocated (the scheduler allocates a claim before the kubelet "
+                              "prepares it)")
+    devices = alloc.get("devices")
+    results = devices.get("results") if isinstance(devices, Mapping) else None
+    if not isinstance(results, list):
+        raise ValidationError(RESULTS, results, "must be a list of allocation results")
+    mine: list[ClaimDevice] = []
+    seen: dict[str, int] = {}
+    for i, r in enumerate(results):
+        at = f"{RESULTS}[{i}]"
+        if not isinstance(r, Mapping):
+            raise ValidationError(at, r, "must be an object")
+        if r.get("driver") != dra.DRIVER:
+            continue
+        mine.append(_device(r, at, i, node, gpu_mem))
+        d = mine[-1]
+        if d.device in seen:
+            raise ValidationError(
+                f"{at}.device", d.device,
+                f"must appear once per claim (results[{seen[d.device]}] names it too)")
+        seen[d.device] = i
+    if not mine:
+        drivers = sorted({str(r.get("driver")) for r in results if isinstance(r, Mapping)})
+        raise ValidationError(f"{RESULTS}[].driver", drivers,
+                              f"no result names the driver {dra.DRIVER}: the claim holds "
+                              "no sharegpu GPU")
+    for request, ds in Claim("", "", uid, tuple(mine)).requests().items():
+        if len({d.whole for d in ds}) > 1:
+            raise ValidationError(
+                f"{RESULTS}[{ds[-1].index}].consumedCapacity", request,
+                "the devices of one request are all whole GPUs or all shared")
+    return Claim(str(meta.get("namespace") or ""), str(meta.get("name") or ""), uid,
+                 tuple(mine))
+
+
+def _device(r: Mapping[str, Any], at: str, i: int, node: str,
+            gpu_mem: Sequence[int]) -> ClaimDevice:
+    request = _str(f"{at}.request", r.get("request"))
+    pool = r.get("pool")
+    if pool != dra.pool_name(node):
+        raise ValidationError(f"{at}.pool", pool,
+                              f"must be this node's pool {dra.pool_name(node)!r} (the driver "
+                              "publishes one pool per node, named after it)")
+    device = r.get("device")
+    gpu = dra.device_index(device) if isinstance(device, str) else None
+    if gpu is None or gpu >= len(gpu_mem):
+        have = (f"{dra.device_name(0)} to {dra.device_name(len(gpu_mem) - 1)}" if gpu_mem
+                else "none")
+        raise ValidationError(f"{at}.device", device,
+                              f"must name a GPU of node {node} ({have})")
+    share = r.get("shareID")
+    if share is not None:
+        share = _str(f"{at}.shareID", share)
+    mem, core = _capacity(r.get("consumedCapacity"), f"{at}.consumedCapacity", gpu_mem[gpu])
+    return ClaimDevice(i, request, pool, device, gpu, mem, core, share)
+
+
+def _capacity(cap: Any, at: str, size_gib: int) -> tuple[int | None, int | None]:
+    if cap is None or cap == {}:
+        return None, None
+    if not isinstance(cap, Mapping):
+        raise ValidationError(at, cap, "must be a map of capacity name to quantity")
+    unknown = sorted(set(cap) - {dra.CAPACITY_MEMORY, dra.CAPACITY_CORES})
+    if unknown:
+        raise ValidationError(f"{at}.{unknown[0]}", cap[unknown[0]],
+                              f"unknown capacity: the driver's GPUs have {dra.CAPACITY_MEMORY} "
+                              f"and {dra.CAPACITY_CORES}")
+    field = f"{at}.{dra.CAPACITY_MEMORY}"
+    if dra.CAPACITY_MEMORY not in cap:
+        raise ValidationError(field, None, "must be set on a shared GPU (memory is what "
+                              "isolation limits)")
+    q = parse(field, cap[dra.CAPACITY_MEMORY])
+    if q <= 0 or q % dra.MEMORY_STEP:
+        raise ValidationError(field, cap[dra.CAPACITY_MEMORY],
+                              "must be a whole number of GiB, more than 0 (the driver's "
+                              "memory is consumed in steps of 1Gi)")
+    gib = int(q // dra.MEMORY_STEP)
+    if gib > size_gib:
+        raise ValidationError(field, cap[dra.CAPACITY_MEMORY],
+                              f"must be at most the GPU's {size_gib}Gi")
+    core: int | None = None
+    if dra.CAPACITY_CORES in cap:
+        field = f"{at}.{dra.CAPACITY_CORES}"
+        c = parse(field, cap[dra.CAPACITY_CORES])
+        if c.denominator != 1 or not 1 <= c <= dra.CORES_PER_GPU:
+            raise ValidationError(field, cap[dra.CAPACITY_CORES],
+                                  f"must be a whole percent of the GPU, 1 to "
+                                  f"{dra.CORES_PER_GPU}")
+        core = int(c)
+    return gib, core

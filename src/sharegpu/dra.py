@@ -1,0 +1,50 @@
+"""Names shared by every part of sharegpu's DRA mode (issue 21): what the agent publishes in its
+ResourceSlices and what its kubelet plugin reads back from a claim's allocation. One place, so
+the two sides cannot drift apart.
+
+- The driver is ``gpu.sharegpu.io``; each node publishes one pool named after the node.
+- A GPU is the device ``gpu-<index>`` (its NVML index on the node).
+- A shared GPU has two consumable capacities: ``memory`` (bytes, allocated in steps of 1 GiB,
+  as the device plugins count it) and ``cores`` (percent of the GPU's compute, 1 to 100). A
+  result without ``consumedCapacity`` holds the whole GPU.
+- The kubelet plugin answers with CDI devices of kind ``sharegpu.io/gpu``, named
+  ``<claim uid>-<device>``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+DRIVER: Final = "gpu.sharegpu.io"
+DEVICE_PREFIX: Final = "gpu-"
+CAPACITY_MEMORY: Final = "memory"
+CAPACITY_CORES: Final = "cores"
+MEMORY_STEP: Final = 1 << 30  # bytes: memory is consumed in whole GiB
+CORES_PER_GPU: Final = 100  # the ``cores`` capacity of one GPU (percent)
+CDI_VENDOR: Final = "sharegpu.io"
+CDI_CLASS: Final = "gpu"
+CDI_KIND: Final = f"{CDI_VENDOR}/{CDI_CLASS}"
+
+_DEVICE = re.compile(r"gpu-(0|[1-9][0-9]{0,3})", re.ASCII)
+
+
+def device_name(index: int) -> str:
+    """The DRA device name of GPU ``index``: ``gpu-0``, ``gpu-1``..."""
+    return f"{DEVICE_PREFIX}{int(index)}"
+
+
+def device_index(name: str) -> int | None:
+    """The GPU index a device name stands for, or ``None`` when it is not ``gpu-<index>``."""
+    m = _DEVICE.fullmatch(name) if isinstance(name, str) else None
+    return int(m.group(1)) if m else None
+
+
+def pool_name(node: str) -> str:
+    """The pool a node's GPUs are published in: the node's name."""
+    return node
+
+
+def cdi_device_id(claim_uid: str, device: str) -> str:
+    """The fully qualified CDI device ID for one device of a prepared claim."""
+    return f"{CDI_KIND}={claim_uid}-{device}"
