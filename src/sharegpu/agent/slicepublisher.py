@@ -167,6 +167,9 @@ class SlicePublisher:
         if ours is not None:
             if self._says(ours, desired):
                 self.problem = None
+                if self.reconciles == 1:  # a restarted agent: say it found its slice
+                    log.info("ResourceSlice %s is current (pool generation %d): nothing written",
+                             self.name, self.generation)
                 return "deleted" if deleted else "unchanged"
             body = copy.deepcopy(desired)
             body["metadata"]["resourceVersion"] = ours["metadata"]["resourceVersion"]
