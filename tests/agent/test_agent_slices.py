@@ -172,3 +172,21 @@ async def test_stopping_the_agent_keeps_the_slice(harness, api):
     await h.agent.stop()
     h.agent = None
     assert NAME in api.slices  # a restart or a rolling update must not empty the node
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--dra", "label", "--dra-label", "no-equals"],
+     "--dra-label='no-equals': must be KEY=VALUE"),
+    (["--dra", "on", "--dra-driver", "Bad_Driver"],
+     "--dra-driver='Bad_Driver': must be a lowercase DNS subdomain"),
+])
+def test_agent_refuses_bad_dra_flags(tmp_path, flags, message):
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-m", "sharegpu.cli", "agent", "--node-name", "n", "--nvml", "fake",
+         "--standalone", "--state-dir", str(tmp_path), *flags],
+        capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert message in r.stderr, r.stderr
