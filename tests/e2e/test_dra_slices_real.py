@@ -92,6 +92,18 @@ def dra(controlplane: ControlPlane) -> Iterator[Dra]:
             d.admin.delete(Namespace, ns)
 
 
+@pytest.fixture
+def dra_node(dra: Dra) -> Iterator[str]:
+    """A kubelet-less Node in cgpu mode, in the DRA pool; deleted afterwards."""
+    name = create_node(dra.admin, f"e2e-dra-{uuid.uuid4().hex[:6]}",
+                       labels={"ack.node.gpu.schedule": "cgpu", "sharegpu.io/dra": "true"})
+    try:
+        yield name
+    finally:
+        with contextlib.suppress(ApiError):
+            dra.admin.delete(Node, name)
+
+
 def start_agent(d: Dra, node: str, tmp: Path, name: str) -> SharegpuProcess:
     agent = f"{RELEASE}-agent"
     kubeconfig = d.cp.service_account_kubeconfig(d.ns, agent, create=False)
@@ -122,10 +134,9 @@ def test_deviceclass_and_the_agents_rights(dra: Dra) -> None:
     assert perms == ALLOWED["agent"] | _allowed_dra()
 
 
-def test_the_agent_publishes_and_keeps_its_slice(dra: Dra, tmp_path: Path) -> None:
+def test_the_agent_publishes_and_keeps_its_slice(dra: Dra, tmp_path: Path, dra_node: str) -> None:
     cp, admin = dra.cp, dra.admin
-    node = create_node(admin, f"e2e-dra-{uuid.uuid4().hex[:6]}",
-                       labels={"ack.node.gpu.schedule": "cgpu", "sharegpu.io/dra": "true"})
+    node = dra_node
     name = f"{node}-{DRIVER}"
     dc_uid = get(cp, f"/apis/resource.k8s.io/v1/deviceclasses/{DRIVER}")["metadata"]["uid"]
     proc = start_agent(dra, node, tmp_path, "dra-agent")
@@ -218,11 +229,10 @@ def test_the_agent_publishes_and_keeps_its_slice(dra: Dra, tmp_path: Path) -> No
         proc.stop()
 
 
-def test_a_claim_is_allocated_from_the_slices_capacity(dra: Dra, tmp_path: Path) -> None:
+def test_a_claim_is_allocated_from_the_slices_capacity(dra: Dra, tmp_path: Path, dra_node: str) -> None:
     """The real kube-scheduler allocates two claims on one GPU from the published capacities."""
     cp, admin, ns = dra.cp, dra.admin, dra.ns
-    node = create_node(admin, f"e2e-dra-{uuid.uuid4().hex[:6]}",
-                       labels={"ack.node.gpu.schedule": "cgpu", "sharegpu.io/dra": "true"})
+    node = dra_node
     proc = start_agent(dra, node, tmp_path, "dra-agent-claims")
     try:
         wait_for("the slice", lambda: get(cp, f"{RS}/{node}-{DRIVER}"), timeout=60)
@@ -287,15 +297,15 @@ def test_a_claim_is_allocated_from_the_slices_capacity(dra: Dra, tmp_path: Path)
         proc.stop()
 
 
-def test_uninstall_removes_every_slice(dra: Dra, tmp_path: Path) -> None:
-    cp, admin = dra.cp, dra.admin
-    node = create_node(admin, f"e2e-dra-{uuid.uuid4().hex[:6]}",
-                       labels={"ack.node.gpu.schedule": "cgpu", "sharegpu.io/dra": "true"})
+def test_uninstall_removes_every_slice(dra: Dra, tmp_path: Path, dra_node: str) -> None:
+    cp = dra.cp
+    node = dra_node
     proc = start_agent(dra, node, tmp_path, "dra-agent-uninstall")
     try:
         wait_for("the slice", lambda: get(cp, f"{RS}/{node}-{DRIVER}"), timeout=60)
     finally:
         proc.stop()  # as the DaemonSet's pods go with the release
+    # the claims test's node was deleted, its slice stays until the DeviceClass goes
     mine = [s["metadata"]["name"] for s in get(cp, f"{RS}?fieldSelector=spec.driver={DRIVER}")[
         "items"]]
     assert f"{node}-{DRIVER}" in mine
