@@ -201,6 +201,12 @@ ALLOWED = {
     "scheduler": _perm("coordination.k8s.io", ["leases"], ["create"])
     | _perm("coordination.k8s.io", ["leases"], ["get", "update"], ["ack-co-scheduler"]),
 }
+# what agent.dra.enabled adds to the agent (docs/dra.md): its node's ResourceSlice (no narrower
+# rule exists: slice names are per node, and create, list and watch take no names) and the
+# chart's DeviceClass, which owns the slices
+ALLOWED_DRA = _perm("resource.k8s.io", ["resourceslices"],
+                    ["list", "watch", "create", "update", "delete"]) \
+    | _perm("resource.k8s.io", ["deviceclasses"], ["get"], ["gpu.sharegpu.io"])
 # built-in roles a kube-scheduler is given by every installation (kubeadm, the docs' "multiple
 # schedulers" setup); they are maintained by Kubernetes itself
 BUILTIN = {"scheduler": {("ClusterRole", "system:kube-scheduler"),
@@ -237,12 +243,13 @@ def component_of(sa: str) -> str:
     return sa.rsplit("-", 1)[-1]
 
 
-def excess(docs) -> list[str]:
+def excess(docs, allowed=None) -> list[str]:
+    allowed = ALLOWED if allowed is None else allowed
     problems = []
     for sa, (perms, builtin) in permissions(docs).items():
         comp = component_of(sa)
         for g, r, v, n in sorted(perms, key=str):
-            if "*" in (g, r, v) or r == "secrets" or (g, r, v, n) not in ALLOWED[comp]:
+            if "*" in (g, r, v) or r == "secrets" or (g, r, v, n) not in allowed[comp]:
                 problems.append(f"{sa}: {v} {r or ''} (group {g!r}, name {n})")
         for ref in sorted(builtin - BUILTIN.get(comp, set())):
             problems.append(f"{sa}: bound to {ref[0]} {ref[1]}")
@@ -401,6 +408,64 @@ def test_agent_daemonset_on_gpu_nodes_only_node_critical():
     assert "--isolation=none" in args_of(one(render("share.yaml"), "DaemonSet", "agent"))
     fake = args_of(one(render("fake-gpus.yaml"), "DaemonSet", "agent"))
     assert "--nvml=fake" in fake and "--fake-gpus=Tesla-T4:15,Tesla-T4:15" in fake
+
+
+# --- DRA (docs/dra.md) ------------------------------------------------------------------------
+
+DRA = ("agent.dra.enabled=true",)
+
+
+def test_dra_off_by_default_renders_nothing_of_it():
+    docs = render(None)
+    assert not [d for d in docs if d["kind"] == "DeviceClass"]
+    assert not [a for a in args_of(one(docs, "DaemonSet", "agent")) if a.startswith("--dra")]
+
+
+def test_dra_pool_deviceclass_rbac_and_agent_flags(tmp_path):
+    docs = render(None, "1.37.0", *DRA)
+    for d in docs:  # the 1.37 schemas know resource.k8s.io/v1
+        if d["kind"] not in CRD_KINDS:
+            kubernetes_validate.validate(d, "1.37.0", strict=True)
+    dc = one(docs, "DeviceClass")
+    assert dc["apiVersion"] == "resource.k8s.io/v1" and dc["metadata"]["name"] == "gpu.sharegpu.io"
+    assert dc["spec"] == {"selectors": [{"cel": {
+        "expression": 'device.driver == "gpu.sharegpu.io"'}}]}
+    ds = one(docs, "DaemonSet", "agent")
+    a = args_of(ds)
+    assert {"--dra=label", "--dra-label=sharegpu.io/dra=true", "--dra-driver=gpu.sharegpu.io",
+            "--dra-device-class=gpu.sharegpu.io"} <= set(a)
+    # pool nodes get the agent too (one term of the OR)
+    terms = ds["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert {"matchExpressions": [{"key": "sharegpu.io/dra", "operator": "In",
+                                  "values": ["true"]}]} in terms
+    # exactly what DRA adds, nothing more
+    allowed = {**ALLOWED, "agent": ALLOWED["agent"] | ALLOWED_DRA}
+    assert excess(docs, allowed) == []
+    assert len(excess(docs)) == len(ALLOWED_DRA)
+    assert permissions(docs)["sharegpu-agent"][0] == allowed["agent"]
+    # the agent's own parser takes the flags the chart gives it
+    from sharegpu.commands.agent import _dra_label
+
+    assert _dra_label("sharegpu.io/dra=true") == ("sharegpu.io/dra", "true")
+    custom = render(None, "1.37.0", *DRA, "agent.dra.driver=gpu.example.com",
+                    "agent.dra.poolLabel.key=pool", "agent.dra.poolLabel.value=dra")
+    assert one(custom, "DeviceClass")["metadata"]["name"] == "gpu.example.com"
+    assert "--dra-label=pool=dra" in args_of(one(custom, "DaemonSet", "agent"))
+    role = one(custom, "ClusterRole", "agent")
+    assert {"apiGroups": ["resource.k8s.io"], "resources": ["deviceclasses"],
+            "resourceNames": ["gpu.example.com"], "verbs": ["get"]} in role["rules"]
+
+
+def test_dra_is_refused_before_kubernetes_1_34_and_bad_names_naming_the_field():
+    r = run_helm("template", "x", str(CHART), "--kube-version", "1.33.0", "--set", DRA[0])
+    assert r.returncode != 0 and "agent.dra.enabled needs Kubernetes >= 1.34" in r.stderr
+    r = run_helm("template", "x", str(CHART), "--set", "agent.dra.driver=Not_A_Domain")
+    assert r.returncode != 0 and "/agent/dra/driver" in r.stderr
+    r = run_helm("template", "x", str(CHART), "--set", "agent.dra.poolLabel.value=a b")
+    assert r.returncode != 0 and "/agent/dra/poolLabel/value" in r.stderr
+    r = run_helm("lint", "--strict", str(CHART), "--set", DRA[0])
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_webhook_certificate_and_fail_closed():

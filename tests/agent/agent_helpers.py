@@ -89,6 +89,7 @@ def standin_library() -> str:
 class Harness:
     def __init__(self, directory: str, gpus, mode: str | None = "default", **cfg) -> None:  # type: ignore[no-untyped-def]
         self.dir = directory
+        self.slices = cfg.pop("slices", None)  # a SlicePublisher (DRA), or None
         self.kube = MemoryKube()
         labels = {names.LABEL_SCHEDULE: mode} if mode else {}
         self.kube.add_node(NODE, labels)
@@ -110,7 +111,7 @@ class Harness:
 
     async def start(self) -> Agent:
         await self.kubelet.start()
-        self.agent = Agent(self.config(), self.nvml, self.kube)
+        self.agent = Agent(self.config(), self.nvml, self.kube, self.slices)
         await self.agent.start()
         await wait_until(lambda: len(self.kubelet.endpoints) == 5
                          and len(self.kubelet.devices) == 5)
@@ -119,7 +120,7 @@ class Harness:
     async def restart_agent(self) -> Agent:
         assert self.agent is not None
         await self.agent.stop()
-        self.agent = Agent(self.config(), self.nvml, self.kube)
+        self.agent = Agent(self.config(), self.nvml, self.kube, self.slices)
         await self.agent.start()
         return self.agent
 

@@ -38,6 +38,7 @@ from .mps import CURRENT_MODE_FILE
 from .nvml import Nvml
 from .plugin import KUBELET_SOCKET, DevicePlugin
 from .readiness import READY_NONE, Readiness, check_hami, check_mps, write_preload_list
+from .slicepublisher import SlicePublisher, Wanted, slice_gpus
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +72,18 @@ class AgentConfig:
     # less on an H100, 616 on an H200), so a card filled to its advertised GiB leaves the last
     # pod short (bench/README.md, "Isolation on a real GPU")
     reserve_mib: int = 0
+    # DRA (docs/dra.md): "off" (device plugins only, no ResourceSlice calls), "on" (every GPU
+    # through a ResourceSlice, the device plugins advertise none), "label" ("on" while the node
+    # carries dra_label, else "off" with this node's slice withdrawn)
+    dra: str = "off"
+    dra_label: tuple[str, str] = ("sharegpu.io/dra", "true")
 
 
 class Agent:
-    def __init__(self, config: AgentConfig, nvml: Nvml, kube: KubeApi) -> None:
+    def __init__(self, config: AgentConfig, nvml: Nvml, kube: KubeApi,
+                 slices: SlicePublisher | None = None) -> None:
         self.config = config
+        self.slices = slices  # the ResourceSlice publisher (config.dra != "off")
         self.nvml = nvml
         self.kube = kube
         self.gpus = [replace(g, reserve_mib=config.reserve_mib) for g in nvml.gpus()]
@@ -118,6 +126,8 @@ class Agent:
         await self._refresh_devices()
         await self._publish_condition()
         await self._start_plugins()
+        if self.slices is not None:
+            await self.slices.start()
         self._tasks = [
             asyncio.create_task(self._watch_node(), name="watch-node"),
             asyncio.create_task(self._watch_kubelet(), name="watch-kubelet"),
@@ -150,6 +160,8 @@ class Agent:
             t.cancel()
         for p in self.plugins.values():
             await p.stop()
+        if self.slices is not None:
+            await self.slices.stop()
 
     async def run_forever(self) -> None:
         await self.start()
@@ -230,7 +242,12 @@ class Agent:
 
     async def set_labels(self, labels: Mapping[str, str]) -> None:
         """React to the node's labels (from the watch)."""
+        dra_before = self.dra_active
         self.labels = dict(labels)
+        if self.dra_active != dra_before:
+            log.info("node %s: GPUs served through %s", self.config.node_name,
+                     "DRA (ResourceSlice)" if self.dra_active else "device plugins")
+            await self._refresh_devices()
         explicit = self._label_mode()
         if explicit is None or explicit == self.mode:
             if explicit is not None and not os.path.exists(self._mode_path()):
@@ -367,12 +384,30 @@ class Agent:
             log.warning("event for %s/%s not written: %s", c.namespace, c.name, e)
 
     # ------------------------------------------------------------------ devices
+    @property
+    def dra_active(self) -> bool:
+        """Whether this node's GPUs are served through DRA (then never by the device plugins)."""
+        if self.config.dra == "label":
+            key, value = self.config.dra_label
+            return self.labels.get(key) == value
+        return self.config.dra == "on"
+
     async def _refresh_devices(self) -> None:
         withheld = (self.readiness.backend is not Backend.NONE and not self.readiness.ready)
         everything = {g.index for g in self.gpus}
+        dra = self.dra_active
         for r, p in self.plugins.items():
             bad = everything if withheld and r in ISOLATED_RESOURCES else self.unhealthy
-            await p.set_devices(devices_for(r, self.mode, self.gpus, bad))
+            await p.set_devices([] if dra else devices_for(r, self.mode, self.gpus, bad))
+        if self.slices is not None:
+            self.slices.want(Wanted(active=dra, mode=self.mode, gpus=slice_gpus(
+                self.gpus, self._links(), self.unhealthy, everything if withheld else set())))
+
+    def _links(self) -> list[list[str]] | None:
+        try:
+            return self.nvml.links()
+        except Exception:  # NVML without topology support
+            return None
 
     async def _start_plugins(self) -> None:
         d = self.config.device_plugin_dir

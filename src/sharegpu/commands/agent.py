@@ -7,6 +7,7 @@ import asyncio
 import os
 import signal
 
+from ..dra import DRIVER as DRA_DRIVER
 from ..errors import ValidationError
 from .argtypes import reserve_mib
 
@@ -62,6 +63,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="no API server: an in-memory node (for development with --nvml fake)")
     p.add_argument("--mode", default="default",
                    help="with --standalone: the node's ack.node.gpu.schedule label")
+    p.add_argument("--dra", default="off", choices=("off", "on", "label"),
+                   help="serve the GPUs through DRA (a ResourceSlice; docs/dra.md) instead of "
+                        "the device plugins: off, on, or label (while the node carries "
+                        "--dra-label; elsewhere this node's slice is withdrawn)")
+    p.add_argument("--dra-label", default="sharegpu.io/dra=true", metavar="KEY=VALUE",
+                   help="with --dra label: the node label of the DRA node pool")
+    p.add_argument("--dra-driver", default=DRA_DRIVER,
+                   help="the DRA driver name the ResourceSlice is published for")
+    p.add_argument("--dra-device-class", default="gpu.sharegpu.io",
+                   help="the DeviceClass that owns the slice (the chart's); '' for none")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
 
 
@@ -98,6 +109,11 @@ def run(args: argparse.Namespace) -> int:
     mps_control = tuple(shlex.split(args.mps_control))
     if not mps_control:
         raise ValidationError("--mps-control", args.mps_control, "must name a command")
+    dra_label = _dra_label(args.dra_label)
+    if args.dra != "off":
+        from ..resourceslices import check_driver_name
+
+        check_driver_name("--dra-driver", args.dra_driver)
     nvml = FakeNvml.from_spec(args.fake_gpus) if args.nvml == "fake" else _real_nvml(RealNvml)
     if args.standalone:
         kube = MemoryKube()
@@ -105,7 +121,16 @@ def run(args: argparse.Namespace) -> int:
     else:
         from ..agent.lightkube_api import LightkubeApi, make_client
 
-        kube = LightkubeApi(make_client(args.kubeconfig))
+        client = make_client(args.kubeconfig)
+        kube = LightkubeApi(client)
+    slices = None
+    if args.dra != "off":
+        from ..agent.slicepublisher import LightkubeSlices, MemorySlices, SlicePublisher
+
+        api = MemorySlices() if args.standalone else LightkubeSlices(client)
+        slices = SlicePublisher(api, args.node_name, driver=args.dra_driver,
+                                device_class=(args.dra_device_class or None)
+                                if not args.standalone else None)
     config = AgentConfig(
         node_name=args.node_name,
         device_plugin_dir=args.device_plugin_dir,
@@ -120,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
         isolation_check_s=args.isolation_check_every,
         mps_control=mps_control,
         reserve_mib=reserve,
+        dra=args.dra,
+        dra_label=dra_label,
     )
 
     async def main() -> None:
@@ -127,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        agent = Agent(config, nvml, kube)
+        agent = Agent(config, nvml, kube, slices)
         server = None
         if listen is not None:
             from ..agent.metrics import serve
@@ -144,6 +171,13 @@ def run(args: argparse.Namespace) -> int:
 
     asyncio.run(main())
     return 0
+
+
+def _dra_label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key or "=" in value:
+        raise ValidationError("--dra-label", text, "must be KEY=VALUE (e.g. sharegpu.io/dra=true)")
+    return key, value
 
 
 def _real_nvml(cls):  # type: ignore[no-untyped-def]
