@@ -53,7 +53,11 @@ def test_watch_resume_and_relist_after_gone(fake_api: Any) -> None:
             fake_api.create(bound("c", "n1", 1, 2))
             await until(lambda: "default/c" in view.state.pods)
             assert relists(metrics) == 1
-            # history compacted: resuming gets 410 Gone, the informer relists and rebuilds
+            # history compacted: resuming gets 410 Gone, the informer relists and rebuilds (a
+            # write it does not watch first, so that no watch has seen the newest
+            # resourceVersion even through a bookmark)
+            fake_api.create({"apiVersion": "v1", "kind": "ConfigMap",
+                             "metadata": {"name": "unwatched", "namespace": "default"}})
             fake_api.faults.compact()
             fake_api.faults.drop_watches()
             fake_api.delete("pods", "a")

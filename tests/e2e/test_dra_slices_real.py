@@ -78,7 +78,11 @@ class Dra:
 @pytest.fixture(scope="module")
 def dra(controlplane: ControlPlane) -> Iterator[Dra]:
     ns = f"{RELEASE}-{uuid.uuid4().hex[:6]}"
-    install_chart(controlplane, ns, release=RELEASE, values={"agent.dra.enabled": "true"})
+    # a second release in a cluster that may have the chart's CRDs from another one: installed
+    # without them (resourcePolicy.installCRD, gang.installPodGroupCRD; values.yaml)
+    install_chart(controlplane, ns, release=RELEASE, values={
+        "agent.dra.enabled": "true", "resourcePolicy.installCRD": "false",
+        "gang.installPodGroupCRD": "false"})
     d = Dra(controlplane, ns)
     try:
         yield d
