@@ -167,8 +167,12 @@ def claim_template(namespace: str, shape: Shape, pool: Pool) -> dict[str, Any]:
 
 
 def same_template(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
-    """Whether a template found under the shape's name asks for what ours would."""
-    return _str_map(stored.get("spec")) == wanted["spec"]
+    """Whether a template found under the shape's name asks for what ours would (the API server
+    writes back an empty ``spec.metadata``)."""
+    spec = dict(_str_map(stored.get("spec")))
+    if not spec.get("metadata"):
+        spec.pop("metadata", None)
+    return spec == wanted["spec"]
 
 
 def _escape(key: str) -> str:
