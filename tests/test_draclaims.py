@@ -201,6 +201,11 @@ def test_template_names_are_deterministic_per_shape() -> None:
     a = translate(dra_pod("a", mem=6, core=50), POOL)
     b = translate(dra_pod("b", mem=6, core=50), POOL)
     assert a is not None and b is not None and a.templates == b.templates
+    # as the API server writes it back (an empty spec.metadata): the same template
+    (t,) = a.templates
+    assert draclaims.same_template({"spec": {"metadata": {}, **t["spec"]}}, t)
+    assert not draclaims.same_template({"spec": {"metadata": {"labels": {"x": "y"}},
+                                                 **t["spec"]}}, t)
 
 
 def test_validating_webhook_on_dra_pods() -> None:
