@@ -207,6 +207,9 @@ ALLOWED = {
 ALLOWED_DRA = _perm("resource.k8s.io", ["resourceslices"],
                     ["list", "watch", "create", "update", "delete"]) \
     | _perm("resource.k8s.io", ["deviceclasses"], ["get"], ["gpu.sharegpu.io"])
+# what agent.dra.enabled adds to the webhook (docs/dra.md, "ACK's pod spec on DRA"): the
+# ResourceClaimTemplates of translated pods, one per request shape in the pod's namespace
+ALLOWED_DRA_WEBHOOK = _perm("resource.k8s.io", ["resourceclaimtemplates"], ["create", "get"])
 # built-in roles a kube-scheduler is given by every installation (kubeadm, the docs' "multiple
 # schedulers" setup); they are maintained by Kubernetes itself
 BUILTIN = {"scheduler": {("ClusterRole", "system:kube-scheduler"),
@@ -419,6 +422,34 @@ def test_dra_off_by_default_renders_nothing_of_it():
     docs = render(None)
     assert not [d for d in docs if d["kind"] == "DeviceClass"]
     assert not [a for a in args_of(one(docs, "DaemonSet", "agent")) if a.startswith("--dra")]
+    assert not [d for d in docs if d["kind"] == "MutatingWebhookConfiguration"]
+    assert not [a for a in args_of(one(docs, "Deployment", "webhook")) if a.startswith("--dra")]
+
+
+def test_dra_mutating_webhook_only_for_the_pool_and_fails_closed():
+    docs = render(None, "1.37.0", *DRA)
+    mwc = one(docs, "MutatingWebhookConfiguration", "webhook")
+    (hook,) = mwc["webhooks"]
+    assert hook["name"] == "pods.mutate.sharegpu.io"
+    assert hook["failurePolicy"] == "Fail" and hook["sideEffects"] == "NoneOnDryRun"
+    assert hook["clientConfig"]["service"]["path"] == "/mutate"
+    assert hook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                              "resources": ["pods"], "scope": "Namespaced"}]
+    conds = {c["name"]: c["expression"] for c in hook["matchConditions"]}
+    assert set(conds) == {"asks-for-gpu", "names-the-dra-pool"}
+    assert "'sharegpu.io/dra' in object.spec.nodeSelector" in conds["names-the-dra-pool"]
+    vwc = one(docs, "ValidatingWebhookConfiguration", "webhook")
+    assert hook["namespaceSelector"] == vwc["webhooks"][0]["namespaceSelector"]
+    assert hook["clientConfig"]["caBundle"] == vwc["webhooks"][0]["clientConfig"]["caBundle"]
+    dep = one(docs, "Deployment", "webhook")
+    assert {"--dra-label=sharegpu.io/dra=true", "--dra-device-class=gpu.sharegpu.io"} <= set(
+        args_of(dep))
+    assert dep["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
+    assert permissions(docs)["sharegpu-webhook"][0] == ALLOWED_DRA_WEBHOOK
+    # the webhook's own parser takes the flags
+    from sharegpu.draclaims import Pool
+
+    assert Pool.parse("sharegpu.io/dra=true", "gpu.sharegpu.io") == Pool()
 
 
 def test_dra_pool_deviceclass_rbac_and_agent_flags(tmp_path):
@@ -440,9 +471,10 @@ def test_dra_pool_deviceclass_rbac_and_agent_flags(tmp_path):
     assert {"matchExpressions": [{"key": "sharegpu.io/dra", "operator": "In",
                                   "values": ["true"]}]} in terms
     # exactly what DRA adds, nothing more
-    allowed = {**ALLOWED, "agent": ALLOWED["agent"] | ALLOWED_DRA}
+    allowed = {**ALLOWED, "agent": ALLOWED["agent"] | ALLOWED_DRA,
+               "webhook": ALLOWED_DRA_WEBHOOK}
     assert excess(docs, allowed) == []
-    assert len(excess(docs)) == len(ALLOWED_DRA)
+    assert len(excess(docs)) == len(ALLOWED_DRA) + len(ALLOWED_DRA_WEBHOOK)
     assert permissions(docs)["sharegpu-agent"][0] == allowed["agent"]
     # the agent's own parser takes the flags the chart gives it
     from sharegpu.commands.agent import _dra_label

@@ -1,4 +1,4 @@
-"""The validating admission webhook: GPU requests that break a SPEC §2 rule are refused at
+"""The admission webhook. Validating: GPU requests that break a SPEC §2 rule are refused at
 submission, with the message of :func:`sharegpu.request.parse_pod` (one set of rules for the
 webhook, the extender and the simulator); ResourcePolicies (created or updated) that break a rule
 of :func:`sharegpu.resourcepolicy.parse_policy` are refused with its message.
@@ -6,18 +6,25 @@ of :func:`sharegpu.resourcepolicy.parse_policy` are refused with its message.
 POST ``/validate`` takes an ``admission.k8s.io/v1`` AdmissionReview and answers one. It fails
 closed: the sample configuration uses ``failurePolicy: Fail``, and a review this service cannot
 read gets HTTP 400, which the API server treats as a refusal.
+
+POST ``/mutate`` (DRA mode, issue 21): a pod bound for the DRA node pool that asks for
+``aliyun.com/gpu-mem`` is answered with the JSON patch of :func:`sharegpu.draclaims.translate`,
+after the ResourceClaimTemplates it names exist in the pod's namespace (created here, once per
+shape; an existing one of another content is refused). Every other pod: allowed, no patch.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
-from . import names
+from . import draclaims, names
+from .draclaims import Pool
 from .errors import ValidationError
 from .request import Kind, parse_pod
 from .resourcepolicy import KIND as POLICY_KIND
@@ -61,9 +68,25 @@ def scheduler_problem(pod: Mapping[str, Any], kind: Kind,
             f"that runs the sharegpu extender: set schedulerName: {want}")
 
 
-def review(body: Any, schedulers: frozenset[str] | None = None) -> dict[str, Any]:
+def _check_pod(pod: Mapping[str, Any], schedulers: frozenset[str] | None,
+               pool: Pool | None) -> tuple[bool, str]:
+    try:
+        if pool is not None and draclaims.bound_for_pool(pod, pool):
+            problem_e = draclaims.untranslated(pod, pool)
+            return (True, "") if problem_e is None else (False, str(problem_e))
+        request = parse_pod(pod)
+    except ValidationError as e:
+        return False, str(e)
+    problem = scheduler_problem(pod, request.kind, schedulers)
+    return (True, "") if problem is None else (False, problem)
+
+
+def review(body: Any, schedulers: frozenset[str] | None = None,
+           pool: Pool | None = None) -> dict[str, Any]:
     """The AdmissionReview answer for a review (raises ValidationError on a malformed one).
-    ``schedulers``: the schedulerNames that run the extender (``None``: not checked)."""
+    ``schedulers``: the schedulerNames that run the extender (``None``: not checked).
+    ``pool``: the DRA node pool; its pods were translated by ``/mutate`` and meet none of the
+    device-plugin rules (``None``: no DRA mode)."""
     req = parse_review(body)
     gvk = req.get("kind") or {}
     if not isinstance(gvk, Mapping):
@@ -83,14 +106,7 @@ def review(body: Any, schedulers: frozenset[str] | None = None) -> dict[str, Any
         meta = dict(pod.get("metadata") or {})
         meta.setdefault("namespace", req.get("namespace") or "default")
         pod["metadata"] = meta
-        try:
-            request = parse_pod(pod)
-        except ValidationError as e:
-            allowed, message = False, str(e)
-        else:
-            problem = scheduler_problem(pod, request.kind, schedulers)
-            if problem is not None:
-                allowed, message = False, problem
+        allowed, message = _check_pod(pod, schedulers, pool)
     elif kind == POLICY_KIND and operation in ("CREATE", "UPDATE"):
         obj = req.get("object")
         if not isinstance(obj, Mapping):
@@ -110,16 +126,135 @@ def review(body: Any, schedulers: frozenset[str] | None = None) -> dict[str, Any
             "response": response}
 
 
-async def _validate(request: web.Request) -> web.Response:
+class TemplateStore(Protocol):
+    """Where the ResourceClaimTemplates of the DRA translation are made to exist."""
+
+    async def ensure(self, template: Mapping[str, Any]) -> None:
+        """Create the template, or find it there with the same spec; ValidationError naming
+        the template otherwise, TemplateApiError when the API server cannot be asked."""
+
+
+class TemplateApiError(Exception):
+    """The API server refused or could not be reached (not the pod's fault)."""
+
+
+async def mutate(body: Any, pool: Pool | None, store: TemplateStore | None) -> dict[str, Any]:
+    """The AdmissionReview answer of ``/mutate``: the DRA translation of a pod bound for the
+    pool (templates first, then the patch), a refusal naming the field and the rule, or allowed
+    unchanged. A dry run creates no template."""
+    req = parse_review(body)
+    gvk = req.get("kind") or {}
+    kind = gvk.get("kind", "Pod") if isinstance(gvk, Mapping) else None
+    response: dict[str, Any] = {"uid": req["uid"], "allowed": True}
+    out = {"apiVersion": body.get("apiVersion", API_VERSION), "kind": "AdmissionReview",
+           "response": response}
+    if pool is None or kind != "Pod" or req.get("operation", "CREATE") != "CREATE":
+        return out
+    pod = req.get("object")
+    if not isinstance(pod, Mapping):
+        raise ValidationError("request.object", pod, "must be a Pod object")
+    pod = dict(pod)
+    meta = dict(pod.get("metadata") or {}) if isinstance(pod.get("metadata"), Mapping) else {}
+    meta.setdefault("namespace", req.get("namespace") or "default")
+    pod["metadata"] = meta
+    try:
+        tr = draclaims.translate(pod, pool)
+        if tr is not None and store is not None and not req.get("dryRun"):
+            for t in tr.templates:
+                await store.ensure(t)
+    except ValidationError as e:
+        response["allowed"] = False
+        response["status"] = {"code": 422, "reason": "Invalid", "message": str(e)}
+        return out
+    except TemplateApiError as e:
+        response["allowed"] = False
+        response["status"] = {"code": 500, "reason": "InternalError",
+                              "message": f"ResourceClaimTemplate not made: {e}"}
+        return out
+    if tr is not None:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(json.dumps(list(tr.patch)).encode()).decode()
+        log.debug("pod %s/%s on the DRA pool: claims %s", tr.namespace,
+                  meta.get("name") or meta.get("generateName"), dict(tr.claims))
+    return out
+
+
+class LightkubeTemplates:
+    """:class:`TemplateStore` through lightkube's async client (generic resource: plain
+    dicts). Needs ``create`` and ``get`` on ``resourceclaimtemplates``, nothing else."""
+
+    def __init__(self, client: Any) -> None:
+        from lightkube.generic_resource import create_namespaced_resource
+
+        self.client = client
+        self.rct = create_namespaced_resource(
+            "resource.k8s.io", "v1", "ResourceClaimTemplate", "resourceclaimtemplates")
+
+    async def ensure(self, template: Mapping[str, Any]) -> None:
+        from lightkube import ApiError
+
+        meta = template["metadata"]
+        where = f"ResourceClaimTemplate {meta['namespace']}/{meta['name']}"
+        try:
+            await self.client.create(self.rct.from_dict(dict(template)))
+            log.info("created %s", where)
+            return
+        except ApiError as e:
+            if e.status.code != 409:
+                raise TemplateApiError(f"{where}: {e.status.message or e}") from None
+        except OSError as e:
+            raise TemplateApiError(f"{where}: {e}") from None
+        try:
+            got = await self.client.get(self.rct, meta["name"], namespace=meta["namespace"])
+        except (ApiError, OSError) as e:
+            raise TemplateApiError(f"{where}: {e}") from None
+        stored = got.to_dict() if hasattr(got, "to_dict") else dict(got)
+        if not draclaims.same_template(stored, template):
+            raise ValidationError(
+                f"ResourceClaimTemplate {meta['namespace']}/{meta['name']}", "spec",
+                "exists with another spec than sharegpu's for this request; the webhook names "
+                "its templates sharegpu-<GiB>gi[-<cores>pct][-x<GPUs>]: delete or rename it")
+
+
+async def _read(request: web.Request) -> Any:
     try:
         raw = await request.read()
-        body = json.loads(raw)
+        return json.loads(raw)
     except RecursionError:
-        return web.json_response({"error": "body: JSON nested too deeply"}, status=400)
+        raise _Bad("body: JSON nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as e:
-        return web.json_response({"error": f"body: must be JSON ({e})"}, status=400)
+        raise _Bad(f"body: must be JSON ({e})") from None
+
+
+class _Bad(Exception):
+    pass
+
+
+async def _mutate(request: web.Request) -> web.Response:
     try:
-        out = review(body, request.app.get(SCHEDULERS))
+        body = await _read(request)
+        out = await mutate(body, request.app.get(POOL), request.app.get(STORE))
+    except _Bad as e:
+        return web.json_response({"error": str(e)}, status=400)
+    except ValidationError as e:
+        return web.json_response({"error": str(e)}, status=400)
+    except RecursionError:
+        return web.json_response({"error": "request.object: nested too deeply"}, status=400)
+    resp = out["response"]
+    if not resp["allowed"]:
+        req = body.get("request") or {}
+        log.info("refused DRA pod %s/%s: %s", req.get("namespace", ""), req.get("name") or "*",
+                 resp["status"]["message"])
+    return web.Response(text=json.dumps(out), content_type="application/json")
+
+
+async def _validate(request: web.Request) -> web.Response:
+    try:
+        body = await _read(request)
+    except _Bad as e:
+        return web.json_response({"error": str(e)}, status=400)
+    try:
+        out = review(body, request.app.get(SCHEDULERS), request.app.get(POOL))
     except ValidationError as e:
         return web.json_response({"error": str(e)}, status=400)
     except RecursionError:
@@ -142,13 +277,20 @@ async def _healthz(request: web.Request) -> web.Response:
 
 
 SCHEDULERS: web.AppKey[frozenset[str] | None] = web.AppKey("schedulers")
+POOL: web.AppKey[Pool | None] = web.AppKey("pool")
+STORE: web.AppKey[TemplateStore | None] = web.AppKey("store")
 
 
-def app(schedulers: frozenset[str] | None = None) -> web.Application:
+def app(schedulers: frozenset[str] | None = None, pool: Pool | None = None,
+        store: TemplateStore | None = None) -> web.Application:
     """``schedulers``: the schedulerNames that run the extender; a GPU-sharing pod naming
-    another is refused (``None``: not checked)."""
+    another is refused (``None``: not checked). ``pool``: the DRA node pool (``None``: no DRA
+    mode; ``/mutate`` changes nothing); ``store``: where its templates are created."""
     a = web.Application(client_max_size=16 * 1024 * 1024)
     a[SCHEDULERS] = schedulers
+    a[POOL] = pool
+    a[STORE] = store
     a.router.add_post("/validate", _validate)
+    a.router.add_post("/mutate", _mutate)
     a.router.add_get("/healthz", _healthz)
     return a

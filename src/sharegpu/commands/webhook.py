@@ -7,7 +7,8 @@ import argparse
 from .extender import listen_address, ssl_context
 
 NAME = "webhook"
-HELP = "run the validating admission webhook that refuses bad GPU requests"
+HELP = ("run the admission webhook that refuses bad GPU requests (and, in DRA mode, turns "
+        "ACK's GPU requests into ResourceClaims)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -20,19 +21,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "asking for aliyun.com/gpu-mem, gpu-core.percentage or aliyun.com/gpu "
                         "with another is refused ('' turns the check off; default "
                         "ack-co-scheduler)")
+    p.add_argument("--dra-label", default="",
+                   help="KEY=VALUE: the DRA node pool's label; GPU pods whose nodeSelector or "
+                        "required node affinity names it get ResourceClaims on /mutate (the "
+                        "webhook then creates ResourceClaimTemplates; default '': DRA mode off, "
+                        "no API access)")
+    p.add_argument("--dra-device-class", default="gpu.sharegpu.io",
+                   help="the DeviceClass the claims name (default gpu.sharegpu.io)")
+    p.add_argument("--kubeconfig", default=None,
+                   help="with --dra-label: kubeconfig file (default: in-cluster, else "
+                        "$KUBECONFIG)")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
 
 
 def run(args: argparse.Namespace) -> int:
     from aiohttp import web
 
+    from ..draclaims import Pool
     from ..logs import configure as configure_logging
-    from ..webhook import app
+    from ..webhook import LightkubeTemplates, app
 
     configure_logging(args.log_level)
     host, port = listen_address(args.listen)
     ctx = None if args.insecure else ssl_context(args.tls_cert, args.tls_key, required=True)
     schedulers = frozenset(n.strip() for n in args.gpu_schedulers.split(",") if n.strip())
-    web.run_app(app(schedulers or None), host=host, port=port, ssl_context=ctx,
+    pool = store = None
+    if args.dra_label:
+        from lightkube import AsyncClient
+
+        from ..kubeconfig import load
+
+        pool = Pool.parse(args.dra_label, args.dra_device_class)
+        store = LightkubeTemplates(AsyncClient(load(args.kubeconfig, field="--kubeconfig")))
+    web.run_app(app(schedulers or None, pool, store), host=host, port=port, ssl_context=ctx,
                 access_log=None, print=None)
     return 0

@@ -1,0 +1,353 @@
+"""DRA item 3 against the REAL control plane (kube-apiserver, kube-controller-manager,
+kube-scheduler v1.37.2, default feature gates): ACK's pod spec keeps working on a DRA node pool.
+
+- ``sharegpu webhook`` runs as a local process with the chart's arguments for
+  ``agent.dra.enabled=true`` (only ``--listen``, the certificate and a kubeconfig for the
+  chart's webhook ServiceAccount changed: the chart's ClusterRole and binding are applied, so
+  the webhook creates the ResourceClaimTemplates with exactly the rights the chart gives it).
+  The chart's MutatingWebhookConfiguration and its validating pod webhook are registered with
+  only ``clientConfig`` changed to ``url: https://127.0.0.1:PORT/...``.
+- 4 kubelet-less DRA nodes carry ResourceSlices built by the agent's own builder
+  (``build_slice``, cgpu mode, 7 GPUs of 15-40 GiB).
+- 50 ACK-spec pods (``aliyun.com/gpu-mem``, some with ``gpu-core.percentage``, some with the
+  ``aliyun.com/gpu-count`` label 2) are admitted through the API server calling the webhook
+  and placed by the real kube-scheduler (default profile) through the claims the
+  resourceclaim controller makes from the templates. Read back from the claims: per GPU the sum
+  of ``consumedCapacity`` stays within its capacity, every gpu-count 2 pod has 2 distinct GPUs.
+- A pod larger than any GPU stays Pending with kube-scheduler's reason in its FailedScheduling
+  Event; bad pods are refused naming the field and the rule, and nothing else changes.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import copy
+import json
+import random
+import ssl
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from lightkube import ApiError, Client, KubeConfig
+from lightkube.resources.core_v1 import Node
+
+from sharegpu import request as rules
+from sharegpu.draclaims import RULE_AMBIGUOUS, RULE_NODE_NAME
+from sharegpu.modes import Mode
+from sharegpu.resourceslices import SliceGpu, build_slice
+from sharegpu_testing.tls import make_certificates
+
+from .components import SharegpuProcess, chart_docs, create_node, free_port, wait_for
+from .controlplane import ControlPlane
+
+DRIVER = "gpu.sharegpu.io"
+POOL = {"sharegpu.io/dra": "true"}
+MEM, CORE, COUNT = "aliyun.com/gpu-mem", "aliyun.com/gpu-core.percentage", "aliyun.com/gpu-count"
+IMAGE = "registry.invalid/sharegpu/pause:never-pulled"
+RA = "/apis/resource.k8s.io/v1"
+GIB = 1 << 30
+# node -> GPU sizes (GiB)
+NODES = {"a": (15, 15), "b": (16, 16), "c": (24,), "d": (40, 40)}
+
+
+def get(cp: ControlPlane, path: str) -> Any:
+    status, body = cp.request("GET", path)
+    assert status == 200, f"GET {path}: HTTP {status}: {body[:300]}"
+    return json.loads(body)
+
+
+def post(cp: ControlPlane, path: str, obj: Any) -> tuple[int, dict[str, Any]]:
+    status, body = cp.request("POST", path, obj)
+    return status, json.loads(body) if body else {}
+
+
+def gpu_pod(name: str, mem: int | str | None, *, core: int | None = None,
+            count: int | None = None, selector: dict[str, str] | None = None,
+            extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    limits: dict[str, str] = {}
+    if mem is not None:
+        limits[MEM] = str(mem)
+    if core is not None:
+        limits[CORE] = str(core)
+    spec: dict[str, Any] = {
+        "nodeSelector": dict(POOL if selector is None else selector),
+        "containers": [{"name": "main", "image": IMAGE, "resources": {"limits": limits}}],
+        **(extra or {})}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": {COUNT: str(count)} if count else {}},
+            "spec": spec}
+
+
+def qty_bytes(q: str) -> int:
+    return int(q[:-2]) * GIB if q.endswith("Gi") else int(q)
+
+
+class Env:
+    def __init__(self, cp: ControlPlane, ns: str, nodes: dict[str, str]) -> None:
+        self.cp, self.ns, self.nodes = cp, ns, nodes
+
+
+@pytest.fixture(scope="module")
+def env(controlplane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    cp = controlplane
+    admin = Client(KubeConfig.from_file(cp.admin_kubeconfig))
+    suffix = uuid.uuid4().hex[:6]
+    release_ns, ns = f"sharegpu-drawh-{suffix}", f"e2e-drawh-{suffix}"
+    docs = chart_docs(release_ns, {"agent.dra.enabled": "true"})
+    mwc = next(d for d in docs if d["kind"] == "MutatingWebhookConfiguration")
+    vwc = next(d for d in docs if d["kind"] == "ValidatingWebhookConfiguration")
+    hook_name = mwc["metadata"]["name"]
+    dep = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == hook_name)
+    created: list[str] = []  # API paths to delete afterwards, newest last
+    nodes: dict[str, str] = {}
+    proc = None
+    try:
+        for n in (release_ns, ns):
+            assert post(cp, "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                   "metadata": {"name": n}})[0] == 201
+            created.append(f"/api/v1/namespaces/{n}")
+        # the chart's rights for the webhook, and a token of its ServiceAccount
+        for d in docs:
+            if d["kind"] in ("ClusterRole", "ClusterRoleBinding") and \
+                    d["metadata"]["name"] == hook_name:
+                path = f"/apis/rbac.authorization.k8s.io/v1/{d['kind'].lower()}s"
+                code, body = post(cp, path, d)
+                assert code == 201, body
+                created.append(f"{path}/{hook_name}")
+        kubeconfig = cp.service_account_kubeconfig(release_ns, hook_name)
+        dc = next(d for d in docs if d["kind"] == "DeviceClass")
+        if cp.request("GET", f"{RA}/deviceclasses/{DRIVER}")[0] == 404:
+            assert post(cp, f"{RA}/deviceclasses", dc)[0] == 201
+            created.append(f"{RA}/deviceclasses/{DRIVER}")
+        for key, sizes in NODES.items():
+            name = create_node(admin, f"e2e-drawh-{key}-{suffix}",
+                               labels={"ack.node.gpu.schedule": "cgpu", **POOL})
+            nodes[key] = name
+            gpus = [SliceGpu(i, f"GPU-{key}{i}-{suffix}", "Tesla T4", gib * 1024, gib)
+                    for i, gib in enumerate(sizes)]
+            code, body = post(cp, f"{RA}/resourceslices", build_slice(name, gpus, Mode.CGPU))
+            assert code == 201, body
+            created.append(f"{RA}/resourceslices/{body['metadata']['name']}")
+        # a device-plugin node (not in the pool)
+        nodes["dp"] = create_node(admin, f"e2e-drawh-dp-{suffix}",
+                                  labels={"ack.node.gpu.schedule": "cgpu"})
+
+        certs = make_certificates(tmp_path_factory.mktemp("drawh-tls"), hosts=("127.0.0.1",))
+        port = free_port()
+        args = []
+        for a in dep["spec"]["template"]["spec"]["containers"][0]["args"]:
+            flag = a.split("=", 1)[0]
+            args.append({"--listen": f"--listen=127.0.0.1:{port}",
+                         "--tls-cert": f"--tls-cert={certs.cert}",
+                         "--tls-key": f"--tls-key={certs.key}"}.get(flag, a))
+        assert "--dra-label=sharegpu.io/dra=true" in args
+        args.append(f"--kubeconfig={kubeconfig}")
+        proc = SharegpuProcess(cp, f"drawh-{suffix}", args).start()
+        ctx = ssl.create_default_context(cafile=str(certs.ca_cert))
+        proc.wait_http(f"https://127.0.0.1:{port}/healthz", timeout=30, context=ctx)
+        ca = base64.b64encode(certs.ca_cert.read_bytes()).decode()
+        for cfg, path, kind in ((mwc, "/mutate", "mutatingwebhookconfigurations"),
+                                (vwc, "/validate", "validatingwebhookconfigurations")):
+            mine = copy.deepcopy(cfg)
+            mine["metadata"]["name"] = f"{hook_name}-e2e-{suffix}"
+            mine["webhooks"] = [w for w in mine["webhooks"] if w["name"].startswith("pods.")]
+            for w in mine["webhooks"]:
+                w["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca}
+            base = f"/apis/admissionregistration.k8s.io/v1/{kind}"
+            code, body = post(cp, base, mine)
+            assert code == 201, body
+            created.append(f"{base}/{mine['metadata']['name']}")
+        # the configuration is cached by the API server: wait until it calls ours
+        probe = gpu_pod("probe", 1)
+        wait_for("the API server to call the mutating webhook", lambda: (
+            r := post(cp, f"/api/v1/namespaces/{ns}/pods?dryRun=All", probe))[0] == 201
+            and r[1]["spec"].get("resourceClaims"), timeout=30, every=0.2)
+        yield Env(cp, ns, nodes)
+    finally:
+        if proc is not None:
+            proc.stop()
+        for path in reversed(created):
+            cp.request("DELETE", path)
+        for name in nodes.values():
+            with contextlib.suppress(ApiError):
+                admin.delete(Node, name)
+
+
+def claims_by_pod(cp: ControlPlane, ns: str) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for c in get(cp, f"{RA}/namespaces/{ns}/resourceclaims")["items"]:
+        for o in c["metadata"].get("ownerReferences") or []:
+            if o["kind"] == "Pod":
+                out[o["name"]].append(c)
+    return out
+
+
+def test_fifty_ack_pods_on_four_dra_nodes(env: Env) -> None:
+    cp, ns = env.cp, env.ns
+    rnd = random.Random(21)
+    wanted: dict[str, tuple[int, int, int]] = {}  # pod -> (GiB per GPU, cores, GPUs)
+    t0 = time.monotonic()
+    for i in range(50):
+        count = 2 if i % 6 == 5 else None
+        core = rnd.choice((10, 20, 25, 30)) if i % 3 == 1 else None
+        mem = rnd.choice((1, 2, 3, 4)) * (count or 1)
+        code, body = post(cp, f"/api/v1/namespaces/{ns}/pods",
+                          gpu_pod(f"ack-{i}", mem, core=core, count=count))
+        assert code == 201, body.get("message", body)
+        # as stored: no extended resource, one claim from the shape's template
+        c = body["spec"]["containers"][0]
+        assert MEM not in c["resources"].get("limits", {}) and CORE not in c["resources"].get(
+            "limits", {})
+        assert c["resources"]["claims"] == [{"name": "sharegpu-c0"}]
+        (rc,) = body["spec"]["resourceClaims"]
+        assert rc["resourceClaimTemplateName"].startswith("sharegpu-")
+        wanted[f"ack-{i}"] = (mem // (count or 1), core or 0, count or 1)
+    admitted = time.monotonic() - t0
+
+    def settled() -> dict[str, Any] | None:
+        """Every pod placed, or refused by kube-scheduler (FailedScheduling)."""
+        pods = {p["metadata"]["name"]: p for p in get(
+            cp, f"/api/v1/namespaces/{ns}/pods")["items"] if p["metadata"]["name"] in wanted}
+        return pods if all(p["spec"].get("nodeName") or scheduler_events(cp, ns, n)
+                           for n, p in pods.items()) else None
+
+    wait_for("kube-scheduler to place or refuse all 50 pods", settled, timeout=120, every=0.5)
+    time.sleep(3)
+    pods = settled()
+    assert pods is not None
+    placed = time.monotonic() - t0
+    templates = get(cp, f"{RA}/namespaces/{ns}/resourceclaimtemplates")["items"]
+    claims = claims_by_pod(cp, ns)
+    used: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+    per_node: dict[str, int] = defaultdict(int)
+    pending = {n for n, p in pods.items() if not p["spec"].get("nodeName")}
+    for name, (gib, core, gpus) in wanted.items():
+        if name in pending:
+            assert not claims[name][0].get("status", {}).get("allocation"), name
+            continue
+        (claim,) = claims[name]
+        alloc = claim["status"]["allocation"]
+        results = alloc["devices"]["results"]
+        assert len(results) == gpus, name
+        assert len({r["device"] for r in results}) == gpus, f"{name}: GPUs not distinct"
+        node = pods[name]["spec"]["nodeName"]
+        per_node[node] += 1
+        assert {r["pool"] for r in results} == {node}
+        assert any(r["uid"] == pods[name]["metadata"]["uid"]
+                   for r in claim["status"]["reservedFor"])
+        for r in results:
+            cc = r["consumedCapacity"]
+            assert qty_bytes(cc["memory"]) == gib * GIB, name
+            assert int(cc["cores"]) == (core or 5), name  # no cores asked: the 5 % default
+            used[(r["pool"], r["device"])][0] += qty_bytes(cc["memory"])
+            used[(r["pool"], r["device"])][1] += int(cc["cores"])
+    capacity = {(env.nodes[k], f"gpu-{i}"): gib for k, sizes in NODES.items()
+                for i, gib in enumerate(sizes)}
+    for key, (mem, cores) in used.items():
+        assert mem <= capacity[key] * GIB, (key, mem)
+        assert cores <= 100, (key, cores)
+    # what kube-scheduler left Pending fits nowhere: no node has that many GPUs with the room
+    for name in pending:
+        gib, core, gpus = wanted[name]
+        for node in env.nodes.values():
+            room = [k for k in capacity if k[0] == node
+                    and capacity[k] * GIB - used[k][0] >= gib * GIB
+                    and 100 - used[k][1] >= (core or 5)]
+            assert len(room) < gpus, (name, node, room)
+        (ev,) = scheduler_events(cp, ns, name)[-1:]
+        assert "cannot allocate all claims" in ev["message"], ev["message"]
+    assert len(pending) <= 5
+    print(f"\n{50 - len(pending)} of 50 placed, {len(pending)} Pending (fit nowhere: "
+          f"{sorted((n, wanted[n]) for n in pending)}); "
+          f"50 pods admitted in {admitted:.1f}s, settled {placed:.1f}s after the first; "
+          f"{len(templates)} templates; pods per node {dict(sorted(per_node.items()))}; "
+          "per GPU GiB/cores used: " + ", ".join(
+              f"{k[0].split('-')[2]}/{k[1]} {m // GIB}/{capacity[k]} GiB {c}%"
+              for k, (m, c) in sorted(used.items())))
+    assert sum(1 for w in wanted.values() if w[2] == 2) == 8
+
+
+def scheduler_events(cp: ControlPlane, ns: str, pod: str) -> list[dict[str, Any]]:
+    return [e for e in get(cp, f"/api/v1/namespaces/{ns}/events?fieldSelector="
+                               f"involvedObject.name={pod}")["items"]
+            if e["reason"] == "FailedScheduling"]
+
+
+def test_a_pod_that_fits_nowhere_stays_pending_with_the_schedulers_reason(env: Env) -> None:
+    cp, ns = env.cp, env.ns
+    code, body = post(cp, f"/api/v1/namespaces/{ns}/pods", gpu_pod("too-big", 48))
+    assert code == 201, body
+    (ev,) = wait_for("kube-scheduler's FailedScheduling Event",
+                     lambda: scheduler_events(cp, ns, "too-big")[:1], timeout=60)
+    print(f"\ntoo-big (48 GiB): {ev['message']}")
+    assert "cannot allocate all claims" in ev["message"]
+    assert get(cp, f"/api/v1/namespaces/{ns}/pods/too-big")["spec"].get("nodeName") is None
+    # a DRA pod aimed at the device-plugin node by its hostname: kube-scheduler says why
+    aimed = gpu_pod("aimed-at-dp", 1, selector={
+        **POOL, "kubernetes.io/hostname": env.nodes["dp"]})
+    assert post(cp, f"/api/v1/namespaces/{ns}/pods", aimed)[0] == 201
+    (ev,) = wait_for("FailedScheduling of aimed-at-dp",
+                     lambda: scheduler_events(cp, ns, "aimed-at-dp")[:1], timeout=60)
+    print(f"aimed-at-dp: {ev['message']}")
+    assert "didn't match Pod's node affinity/selector" in ev["message"]
+
+
+def test_bad_pods_are_refused_naming_field_and_rule(env: Env) -> None:
+    cp, ns = env.cp, env.ns
+    before = sorted(p["metadata"]["name"] for p in get(
+        cp, f"/api/v1/namespaces/{ns}/pods")["items"])
+    claims_before = len(get(cp, f"{RA}/namespaces/{ns}/resourceclaims")["items"])
+    other = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+    pool_term = {"matchExpressions": [{"key": "sharegpu.io/dra", "operator": "In",
+                                       "values": ["true"]}]}
+    field = 'spec.containers[0].resources.limits["{}"]'
+    bad = {
+        "cores off the step": (gpu_pod("bad-core", 4, core=33),
+                               f"{field.format(CORE)}='33': {rules.RULE_CORE}"),
+        "count does not divide": (gpu_pod("bad-count", 5, count=2),
+                                  f"{field.format(MEM)}='5': {rules.RULE_COUNT_DIVIDES}"),
+        "aimed at a node by nodeName": (
+            gpu_pod("bad-nodename", 2, extra={"nodeName": env.nodes["dp"]}),
+            f"spec.nodeName='{env.nodes['dp']}': {RULE_NODE_NAME}"),
+        "ambiguous pool": (
+            gpu_pod("bad-affinity", 2, selector={}, extra={"affinity": {"nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [pool_term, other]}}}}),
+            RULE_AMBIGUOUS),
+        "whole cards": ({**gpu_pod("bad-cards", None), "spec": {
+            "nodeSelector": POOL, "containers": [{"name": "main", "image": IMAGE, "resources": {
+                "limits": {"nvidia.com/gpu": "1"}}}]}},
+            f"{field.format('nvidia.com/gpu')}='1': is not translated on the DRA pool"),
+    }
+    for case, (pod, message) in bad.items():
+        code, body = post(cp, f"/api/v1/namespaces/{ns}/pods", pod)
+        assert code in (400, 422), (case, body)
+        print(f"\n{case}: HTTP {code}: {body['message']}")
+        assert message in body["message"], case
+    # a template of the shape's name with another spec: refused naming it
+    squat = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+             "metadata": {"name": "sharegpu-7gi", "namespace": ns},
+             "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                 "deviceClassName": DRIVER}}]}}}}
+    assert post(cp, f"{RA}/namespaces/{ns}/resourceclaimtemplates", squat)[0] == 201
+    code, body = post(cp, f"/api/v1/namespaces/{ns}/pods", gpu_pod("bad-template", 7))
+    assert code in (400, 422) and f"ResourceClaimTemplate {ns}/sharegpu-7gi" in body[
+        "message"], body
+    print(f"template squatted: HTTP {code}: {body['message']}")
+    # nothing else changed
+    assert sorted(p["metadata"]["name"] for p in get(
+        cp, f"/api/v1/namespaces/{ns}/pods")["items"]) == before
+    assert len(get(cp, f"{RA}/namespaces/{ns}/resourceclaims")["items"]) == claims_before
+    # a pod with a claim of its own passes untouched, beside the webhook
+    own = gpu_pod("own-claim", None)
+    own["spec"]["resourceClaims"] = [{"name": "mine", "resourceClaimTemplateName": "sharegpu-7gi"}]
+    own["spec"]["containers"][0]["resources"] = {"claims": [{"name": "mine"}]}
+    code, body = post(cp, f"/api/v1/namespaces/{ns}/pods", own)
+    assert code == 201, body
+    assert body["spec"]["resourceClaims"] == own["spec"]["resourceClaims"]
+    assert "sharegpu.io/dra-claims" not in (body["metadata"].get("annotations") or {})
