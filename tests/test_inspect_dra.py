@@ -224,3 +224,40 @@ def test_live_cluster_lists_slices_and_claims(fake_api, capsys, monkeypatch):
     assert main([]) == 0
     out, err = capsys.readouterr()
     assert (out, err) == (SUMMARY, "")
+
+
+def test_claim_requests_translate_capacity_requests():
+    from sharegpu.drashares import DraRequest, claim_requests
+
+    c = {"metadata": {"name": "c", "namespace": "default"}, "spec": {"devices": {"requests": [
+        {"name": "a", "exactly": {"deviceClassName": dra.DRIVER,
+                                  "capacity": {"requests": {"memory": "4.5Gi", "cores": "30"}}}},
+        {"name": "b", "exactly": {"deviceClassName": dra.DRIVER, "count": 2}},
+        {"name": "other", "exactly": {"deviceClassName": "nic.example.com"}},
+        {"name": "all", "exactly": {"deviceClassName": dra.DRIVER, "allocationMode": "All"}},
+        {"name": "bad", "exactly": {"deviceClassName": dra.DRIVER,
+                                    "capacity": {"requests": {"memory": "lots"}}}},
+    ]}}}
+    got, warnings = claim_requests(c)
+    assert got == [DraRequest("c", "a", 1, 5, 30), DraRequest("c", "b", 2, None, 0)]
+    assert len(warnings) == 2 and "allocationMode='All'" in warnings[0]
+    assert "spec.devices.requests[4].exactly.capacity.requests.memory" in warnings[1]
+
+
+def test_the_extender_passes_dra_pods_everywhere_and_binds_them_plainly():
+    """Today's behaviour, kept on purpose: a DRA pod asks for no aliyun.com resource, so the
+    extender (profile mode: every pod of the profile reaches it) refuses no node for it, scores
+    every node 0 (kube-scheduler's own scores and the allocator decide) and binds it without
+    GPU annotations -- after kube-scheduler's PreBind, where DynamicResources wrote the claim's
+    allocation (schedule_one.go: RunPreBindPlugins, then extendersBinding)."""
+    from sharegpu import kobjects
+    from sharegpu.extender.view import ClusterView
+    from sharegpu.request import parse_pod
+
+    v = ClusterView("default")
+    v.reset([kobjects.node("dp", [16, 16], "cgpu"), dra_node()], [])
+    req = parse_pod(dra_pod("train", ["train"]))
+    assert not req.wants_gpu
+    names = ["dp", DRA_NODE]
+    assert v.filter(req, names) == (names, {}, {})
+    assert set(v.prioritize(req, names).values()) == {0}

@@ -163,3 +163,66 @@ def claim_shares(obj: Mapping[str, Any], driver: str = dra.DRIVER
             continue
         out.append(DraShare(ns, name, node, gpu, mem, core, tuple(pods)))
     return out, warnings
+
+
+@dataclass(frozen=True)
+class DraRequest:
+    """One request of a claim for sharegpu GPUs, as the placement counts it: ``count`` GPUs,
+    each with ``mem_gib`` GiB (``None``: the whole GPU, no capacity asked) and ``core`` percent."""
+
+    claim: str
+    request: str
+    count: int
+    mem_gib: int | None
+    core: int
+
+
+def claim_requests(obj: Mapping[str, Any], device_class: str = dra.DRIVER
+                   ) -> tuple[list[DraRequest], list[str]]:
+    """What a ResourceClaim's ``spec.devices.requests[].exactly`` asks of ``device_class``
+    (sharegpu's DeviceClass, named after the driver): the GPU requests the extender would score
+    with the policy. ``capacity.requests.memory`` is rounded up to GiB as the request policy's
+    1 GiB step does; a request that names no capacity consumes the policy's default (1 GiB,
+    5 %) on a shared GPU. ``firstAvailable`` requests and ``allocationMode: All`` are not
+    translated (warning)."""
+    ns, name = _name(obj) if isinstance(obj, Mapping) else ("", "")
+    spec = obj.get("spec") if isinstance(obj, Mapping) else None
+    devices = spec.get("devices") if isinstance(spec, Mapping) else None
+    reqs = devices.get("requests") if isinstance(devices, Mapping) else None
+    out: list[DraRequest] = []
+    warnings: list[str] = []
+    for i, r in enumerate(reqs if isinstance(reqs, list) else []):
+        at = f"ResourceClaim {ns}/{name}: spec.devices.requests[{i}]"
+        if not isinstance(r, Mapping):
+            continue
+        exact = r.get("exactly")
+        if not isinstance(exact, Mapping):
+            if r.get("firstAvailable"):
+                warnings.append(f"{at}.firstAvailable: not translated (only exactly)")
+            continue
+        if exact.get("deviceClassName") != device_class:
+            continue
+        if exact.get("allocationMode", "ExactCount") != "ExactCount":
+            warnings.append(f"{at}.exactly.allocationMode={exact.get('allocationMode')!r}: "
+                            "not translated (only ExactCount)")
+            continue
+        count = exact.get("count", 1)
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            warnings.append(f"{at}.exactly.count={count!r}: must be a positive integer")
+            continue
+        cap = exact.get("capacity")
+        asked = cap.get("requests") if isinstance(cap, Mapping) else None
+        mem: int | None = None
+        core = 0
+        try:
+            if isinstance(asked, Mapping) and asked:
+                mem = _gib(f"{at}.exactly.capacity.requests.{dra.CAPACITY_MEMORY}",
+                           asked.get(dra.CAPACITY_MEMORY, dra.MEMORY_STEP)) or 1
+                if dra.CAPACITY_CORES in asked:
+                    core = math.ceil(parse(f"{at}.exactly.capacity.requests."
+                                           f"{dra.CAPACITY_CORES}", asked[dra.CAPACITY_CORES]))
+        except ValidationError as e:
+            warnings.append(str(e))
+            continue
+        out.append(DraRequest(name, str(r.get("name") or ""), count, mem, core))
+    return out, warnings
