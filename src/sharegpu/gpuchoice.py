@@ -3,7 +3,9 @@
 
 Strategies: ``bestfit`` (= ACK ``binpack``: the GPU left with the least free memory that still
 fits, so one GPU fills before the next), ``spread`` (the GPU with the most free memory, then the
-fewest pods), ``topology`` (whole cards: the best-connected set given the node's link matrix).
+fewest pods), ``topology`` (whole cards: the best-connected set given the node's link matrix),
+``firstfit`` (the lowest-index GPUs that fit, links ignored: what kube-scheduler's DRA allocator
+takes inside a node, see :data:`FIRSTFIT`).
 A policy may also hand over its own ordering of GPUs. Multi-container pods are assigned
 container by container on a scratch copy of the node's row, so containers of one pod can share a
 GPU and the per-GPU rules hold for their sum.
@@ -49,10 +51,22 @@ class GpuRows(Protocol):
 # order(free_after, pods, candidates) -> candidates sorted best first
 Order = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
-STRATEGIES = ("bestfit", "binpack", "spread", "topology")
+STRATEGIES = ("bestfit", "binpack", "spread", "topology", "firstfit")
+
+#: kube-scheduler's DRA allocator (k8s.io/dynamic-resource-allocation v0.37.2,
+#: ``structured/internal/incubating``, the implementation chosen once ``DRAConsumableCapacity`` is
+#: on) walks the node's pools (sorted by ID), their slices (by name) and each slice's devices in
+#: the order the slice lists them, and takes the first device that is not tainted, matches the
+#: selectors and whose capacity still holds the request (``CmpRequestOverCapacity``: allocated +
+#: being allocated + requested ≤ capacity) — no scoring. The next device of the same request is
+#: searched from the one after; it backtracks only when a later request or claim finds none. A
+#: sharegpu slice lists ``gpu-<index>`` by index, so this is the lowest-index GPU that fits.
+FIRSTFIT = "firstfit"
 
 
 def _order(strategy: str) -> Order:
+    if strategy == FIRSTFIT:
+        return lambda after, pods, idx: np.sort(idx)
     if strategy in ("bestfit", "binpack", "topology"):
         return lambda after, pods, idx: idx[np.lexsort((idx, after[idx]))]
     if strategy == "spread":
@@ -215,7 +229,7 @@ def _choose(
     idx = np.flatnonzero(ok)
     if len(idx) < c.gpus:
         return None
-    if c.whole and (strategy == "topology" or links is not None):
+    if c.whole and strategy != FIRSTFIT and (strategy == "topology" or links is not None):
         return best_set(links, [int(x) for x in idx], c.gpus)
     after = free - (0 if c.whole else c.gpu_mem)
     ranked = order(after, pods, idx)

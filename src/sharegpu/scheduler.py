@@ -9,6 +9,12 @@ effect (its node list is in a per-seed random order and the first best node wins
 matters: picking among ties uniformly at random (``tie_break="random"``, kube-scheduler's
 ``selectHost``) spreads pods over every equally scored node and strands about twice as much GPU
 under FGD on the openb trace (see bench/README.md).
+
+The GPUs inside the chosen node are, by default, the policy's own (:meth:`Policy.select`).
+``gpu_choice="allocator"`` takes instead what kube-scheduler's DRA allocator takes for a claim
+on that node — the first GPUs in device order that fit (:data:`sharegpu.gpuchoice.FIRSTFIT`) —
+with the node still the policy's: DRA mode, where the extender ranks nodes and the
+DynamicResources plugin picks devices (docs/dra.md, "Placement").
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import numpy as np
 
 from .annotations import Allocation
 from .errors import PlacementError
+from .gpuchoice import FIRSTFIT, assign
 from .placement.base import Policy
 from .request import PodRequest
 from .state import ClusterState
@@ -31,12 +38,19 @@ class Decision:
     alloc: Allocation
 
 
+GPU_CHOICES = ("policy", "allocator")
+
+
 class Scheduler:
     def __init__(
-        self, state: ClusterState, policy: Policy, seed: int | None = 0, tie_break: str = "order"
+        self, state: ClusterState, policy: Policy, seed: int | None = 0, tie_break: str = "order",
+        gpu_choice: str = "policy",
     ) -> None:
         if tie_break not in ("order", "random"):
             raise ValueError("tie_break must be 'order' or 'random'")
+        if gpu_choice not in GPU_CHOICES:
+            raise ValueError("gpu_choice must be 'policy' or 'allocator'")
+        self.gpu_choice = gpu_choice
         self.state = state
         self.policy = policy
         self.tie_break = tie_break
@@ -71,13 +85,19 @@ class Scheduler:
         nodes = self.candidates(req, among)
         while len(nodes):
             node = self.pick(nodes, self.scores(req, nodes))
-            alloc = self.policy.select(self.state, req, node)
+            alloc = self.select(req, node)
             if alloc is not None:
                 spec = self.state.specs[node]
                 assert spec is not None
                 return Decision(node, spec.name, alloc)
             nodes = nodes[nodes != node]  # cannot happen for well-behaved policies
         return None
+
+    def select(self, req: PodRequest, node: int) -> Allocation | None:
+        """GPUs inside ``node``: the policy's, or the DRA allocator's first fit."""
+        if self.gpu_choice == "allocator":
+            return assign(self.state, req, node, FIRSTFIT)
+        return self.policy.select(self.state, req, node)
 
     def reserve(self, req: PodRequest, decision: Decision) -> None:
         self.state.reserve(req, decision.node, decision.alloc)

@@ -153,6 +153,9 @@ PODGROUP = ResourceType("scheduling.sigs.k8s.io", "v1alpha1", "podgroups", "PodG
 RESOURCECLAIM = ResourceType("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", True,
                              subresources=("status",), status_subresource=True,
                              singular="resourceclaim")
+# the agent's ResourceSlices (cluster-scoped; kubectl inspect cgpu lists them)
+RESOURCESLICE = ResourceType("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", False,
+                             singular="resourceslice")
 # events.k8s.io/v1 field names -> core/v1 field names (the upstream conversion).
 EVENTS_V1_TO_CORE = {
     "regarding": "involvedObject",
@@ -220,6 +223,7 @@ RESOURCES: tuple[ResourceType, ...] = (
     RESOURCEPOLICY,
     PODGROUP,
     RESOURCECLAIM,
+    RESOURCESLICE,
 )
 
 # Resources kept in the store (bindings are an action on pods, not stored objects).

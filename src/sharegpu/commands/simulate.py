@@ -32,6 +32,10 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--jobs", type=int, default=0, help="worker processes (default: CPU count)")
     s.add_argument("--json", action="store_true", help="print JSON results to stdout")
     s.add_argument("--plot", type=Path, help="write the allocation-curve plot to this PNG")
+    s.add_argument("--gpu-choice", choices=["policy", "allocator"], default="policy",
+                   help="GPUs inside the chosen node: the policy's own (default), or what "
+                   "kube-scheduler's DRA allocator takes (the first that fit, in device order; "
+                   "DRA mode, docs/dra.md)")
     s.add_argument("--gen-seed", type=int, default=None,
                    help="seed of the generated cluster and workload (without --trace)")
 
@@ -92,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         task = progress.add_task("simulating", total=total)
         summaries = run_matrix(
             source, workloads, policies, seeds, inflation=args.inflation, jobs=args.jobs or None,
+            gpu_choice=args.gpu_choice,
             on_done=lambda r: progress.update(
                 task, advance=1, description=f"{r.workload}/{r.policy}/{r.seed}"
             ),

@@ -32,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Show how much GPU memory (and, on core_mem nodes, compute) each shared "
         "GPU has allocated, per node and for the cluster. The cluster comes from KUBECONFIG.",
-        epilog="Offline: kubectl get nodes,pods -A -o json > dump.json; "
+        epilog="Offline: kubectl get nodes,pods -A -o json > dump.json (with DRA: "
+        "nodes,pods,resourceslices,resourceclaims); "
         "kubectl inspect cgpu --file dump.json. Exit codes: 0 shown (objects that cannot be "
         "read are left out with a warning); 1 the cluster or the dump could not be read; 2 bad "
         "arguments (or a NODE that shares no GPU memory); 3 an internal error (please report "
@@ -61,11 +62,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.file:
-            nodes, pods = load_file(args.file)
+            objs = load_file(args.file)
         else:
-            nodes, pods = load_live(args.kubeconfig, timeout=args.request_timeout,
-                                    context=args.context)
-        view = build(nodes, pods, args.nodes or None)
+            objs = load_live(args.kubeconfig, timeout=args.request_timeout,
+                             context=args.context)
+        view = build(objs.nodes, objs.pods, args.nodes or None, objs.slices, objs.claims)
     except SourceError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 1
@@ -76,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: internal error: {type(e).__name__}: {str(e)[:200]} (please report it)",
               file=sys.stderr)
         return 3
-    for w in view.warnings:
+    for w in [*objs.warnings, *view.warnings]:
         print(f"{PROG}: warning: {w}", file=sys.stderr)
     try:
         if args.output == "json":

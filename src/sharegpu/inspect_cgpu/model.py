@@ -9,6 +9,15 @@ per-node, per-GPU view that ``kubectl inspect cgpu`` prints. Pure: no I/O.
   a pod that asks for ``aliyun.com/gpu-mem`` but has no GPU index yet counts as PENDING.
 - Objects that cannot be read (a bad label, a malformed annotation) are left out with a warning
   naming the object, the field and the rule; the others are still shown.
+
+DRA mode (issue 21; docs/dra.md, "inspect"): a node that publishes a ResourceSlice of driver
+``gpu.sharegpu.io`` is shown with the slice's GPUs (their ``memory`` capacity; the node's total
+is their sum, since a DRA node advertises no ``aliyun.com/gpu-mem``). Every ResourceClaim
+allocated on its GPUs counts, as a pod does, in the GPU's allocated memory and compute and its
+pod count, with ``consumedCapacity`` (a result without it: the whole GPU). In the details a
+claim is listed under the pod it is reserved for (``status.reservedFor``; one row per pod, its
+claims merged), or as ``claim:<name>`` while no pod holds it; a pod that holds a claim is not
+also counted as PENDING.
 """
 
 from __future__ import annotations
@@ -19,9 +28,10 @@ from typing import Any
 
 from .. import names
 from ..annotations import decode
+from ..drashares import DraShare, SliceGpus, claim_shares, slice_gpus
 from ..errors import ValidationError
-from ..modes import Mode
-from ..nodes import quantity, spec_from_node
+from ..modes import Mode, parse_mode
+from ..nodes import node_mode_of, quantity, spec_from_node
 from ..pods import is_terminated, node_of
 from ..request import Kind, parse_pod
 
@@ -51,6 +61,8 @@ class PodUsage:
     core: Mapping[int, int] = field(default_factory=dict)
     pending_mem: int = 0
     pending_core: int = 0
+    #: the ResourceClaims (DRA) this row's shares come from; empty for a device-plugin pod
+    claims: tuple[str, ...] = ()
 
     @property
     def first_gpu(self) -> int:
@@ -66,6 +78,8 @@ class NodeUsage:
     mem_total: int
     gpus: tuple[GpuUsage, ...]
     pods: tuple[PodUsage, ...] = ()
+    #: the GPUs come from a ResourceSlice of sharegpu's DRA driver
+    dra: bool = False
 
     @property
     def pending_mem(self) -> int:
@@ -142,6 +156,7 @@ class _NodeAcc:
     core: list[int]
     count: list[int]
     pods: list[PodUsage] = field(default_factory=list)
+    dra: bool = False
 
     def freeze(self) -> NodeUsage:
         gpus = tuple(
@@ -150,19 +165,55 @@ class _NodeAcc:
         )
         pods = sorted(self.pods, key=lambda p: (p.first_gpu, p.namespace, p.name))
         return NodeUsage(self.name, self.address, self.mode, self.placement, self.mem_total,
-                         gpus, tuple(pods))
+                         gpus, tuple(pods), self.dra)
+
+
+def _address(node: Mapping[str, Any]) -> str:
+    for a in (node.get("status") or {}).get("addresses") or []:
+        if isinstance(a, Mapping) and a.get("type") == "InternalIP":
+            found = a.get("address", "")
+            return found if isinstance(found, str) and found else "unknown"
+    return "unknown"
+
+
+def _dra_node(node: Mapping[str, Any], name: str, sg: SliceGpus,
+              warnings: list[str]) -> _NodeAcc:
+    try:
+        mode = parse_mode(sg.mode) if sg.mode else node_mode_of(node)
+    except ValidationError as e:
+        warnings.append(f"node {name}: {e}; shown as {Mode.CGPU.value}")
+        mode = Mode.CGPU
+    n = max(sg.mem_gib, default=-1) + 1
+    gpu_mem = [sg.mem_gib.get(i, 0) for i in range(n)]
+    return _NodeAcc(name=name, address=_address(node), mode=mode, placement="",
+                    mem_total=sum(gpu_mem), gpu_mem=gpu_mem, used=[0] * n, core=[0] * n,
+                    count=[0] * n, dra=True)
 
 
 def build(
     nodes: Iterable[Mapping[str, Any]],
     pods: Iterable[Mapping[str, Any]],
     only: Sequence[str] | None = None,
+    slices: Iterable[Mapping[str, Any]] = (),
+    claims: Iterable[Mapping[str, Any]] = (),
 ) -> ClusterUsage:
     """The cluster view. ``only`` keeps the named nodes (in the order given); a name that is
-    not a node sharing GPU memory raises :class:`ValidationError`."""
+    not a node sharing GPU memory raises :class:`ValidationError`. ``slices`` and ``claims``
+    (``resource.k8s.io/v1`` ResourceSlices and ResourceClaims) add DRA nodes and shares."""
     warnings: list[str] = []
     acc: dict[str, _NodeAcc] = {}
     seen: set[str] = set()
+    dra_gpus: dict[str, SliceGpus] = {}
+    for sl in slices:
+        sg, problems = slice_gpus(sl)
+        warnings += problems
+        if sg is not None and sg.mem_gib:
+            dra_gpus[sg.node] = sg
+    shares: list[DraShare] = []
+    for c in claims:
+        got, problems = claim_shares(c)
+        warnings += problems
+        shares += got
     checked_nodes = []
     for node in nodes:
         problem = shape_problem(node, "Node")
@@ -173,6 +224,9 @@ def build(
     for node in checked_nodes:
         name = str((node.get("metadata") or {}).get("name") or "")
         seen.add(name)
+        if name in dra_gpus:
+            acc[name] = _dra_node(node, name, dra_gpus[name], warnings)
+            continue
         total = shared_memory(node)
         if total <= 0:
             continue
@@ -195,6 +249,7 @@ def build(
             used=[0] * n, core=[0] * n, count=[0] * n,
         )
 
+    holders = {p for sh in shares for p in sh.pods}
     for pod in pods:
         problem = shape_problem(pod, "Pod")
         if problem:
@@ -206,8 +261,10 @@ def build(
         if node is None:
             continue
         usage = _pod_usage(pod, node, warnings)
-        if usage is not None:
+        if usage is not None and not (usage.mem == {} and (usage.namespace, usage.name)
+                                      in holders):
             node.pods.append(usage)
+    _count_claims(shares, acc, warnings)
 
     if only:
         missing = [n for n in only if n not in acc]
@@ -222,6 +279,41 @@ def build(
     else:
         ordered = [acc[k] for k in sorted(acc)]
     return ClusterUsage(tuple(a.freeze() for a in ordered), tuple(warnings))
+
+
+def _count_claims(shares: Sequence[DraShare], acc: Mapping[str, _NodeAcc],
+                  warnings: list[str]) -> None:
+    """Each claim's shares on the GPUs of the shown nodes, in one row per holding pod."""
+    rows: dict[tuple[str, str, str], tuple[dict[int, int], dict[int, int], list[str]]] = {}
+    counted: set[tuple[str, str, str, int]] = set()
+    for sh in shares:
+        node = acc.get(sh.node)
+        if node is None:
+            continue
+        if sh.gpu >= len(node.gpu_mem):
+            warnings.append(
+                f"ResourceClaim {sh.namespace}/{sh.claim} on {node.name}: GPU index {sh.gpu} is "
+                f"not in the node's ResourceSlice ({len(node.gpu_mem)} GPUs); not counted")
+            continue
+        mem = node.gpu_mem[sh.gpu] if sh.mem_gib is None else sh.mem_gib
+        core = names.CORE_PER_GPU if sh.whole else (sh.core or 0)
+        node.used[sh.gpu] += mem
+        node.core[sh.gpu] += core
+        key = (sh.namespace, sh.claim, sh.node, sh.gpu)
+        if key not in counted:  # one share of the GPU per claim, whatever its requests
+            counted.add(key)
+            node.count[sh.gpu] += 1
+        ns, holder = sh.pods[0] if sh.pods else (sh.namespace, f"claim:{sh.claim}")
+        m, c, names_ = rows.setdefault((sh.node, ns, holder), ({}, {}, []))
+        m[sh.gpu] = m.get(sh.gpu, 0) + mem
+        if core:
+            c[sh.gpu] = c.get(sh.gpu, 0) + core
+        if sh.claim not in names_:
+            names_.append(sh.claim)
+    for (node_name, ns, holder), (m, c, claim_names) in rows.items():
+        acc[node_name].pods.append(PodUsage(ns, holder, mem=dict(sorted(m.items())),
+                                            core=dict(sorted(c.items())),
+                                            claims=tuple(claim_names)))
 
 
 def _strings(value: Any) -> bool:

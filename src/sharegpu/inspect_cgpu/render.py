@@ -206,6 +206,7 @@ def to_json(view: ClusterUsage) -> str:
                 "address": n.address,
                 "mode": n.mode.value,
                 "placement": n.placement or None,
+                "dra": n.dra,
                 "gpuMemAllocated": n.mem_allocated,
                 "gpuMemTotal": n.mem_total,
                 "pendingGpuMem": n.pending_mem,
@@ -234,6 +235,7 @@ def to_json(view: ClusterUsage) -> str:
                         "gpuMem": {str(k): v for k, v in p.mem.items()},
                         "gpuCore": {str(k): v for k, v in p.core.items()},
                         "pendingGpuMem": p.pending_mem,
+                        "claims": list(p.claims),
                     }
                     for p in n.pods
                 ],

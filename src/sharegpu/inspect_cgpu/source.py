@@ -1,10 +1,15 @@
-"""Where ``kubectl inspect cgpu`` gets Node and Pod objects: a dump file or a live cluster.
+"""Where ``kubectl inspect cgpu`` gets Node and Pod objects (and, for DRA mode, ResourceSlices
+and ResourceClaims): a dump file or a live cluster.
 
 - ``--file DUMP``: the output of ``kubectl get nodes,pods -A -o json`` (a ``List``), or a
   ``NodeList``/``PodList``, or several of those in a JSON array; ``-`` reads standard input.
-  A support bundle can be inspected offline this way.
+  A support bundle can be inspected offline this way. With DRA:
+  ``kubectl get nodes,pods,resourceslices,resourceclaims -A -o json``.
 - Live: lightkube, with the cluster from ``--kubeconfig``, else ``$KUBECONFIG`` (the first file
   of the list that exists), else ``~/.kube/config``, else the in-cluster service account.
+  ResourceSlices and ResourceClaims (``resource.k8s.io/v1``) are listed too; an API server
+  without that API (before 1.34) has no DRA shares, and a user who may not list them gets a
+  warning and the device-plugin view.
 
 Every failure is a :class:`SourceError` with one clear line (which file or server, what went
 wrong, what to do), never a traceback.
@@ -18,24 +23,36 @@ import json
 import ssl
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import ShareGpuError
 
-Objects = tuple[list[dict[str, Any]], list[dict[str, Any]]]  # (nodes, pods)
+
+@dataclass
+class Objects:
+    nodes: list[dict[str, Any]]
+    pods: list[dict[str, Any]]
+    slices: list[dict[str, Any]] = field(default_factory=list)  # resource.k8s.io/v1
+    claims: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
 
 class SourceError(ShareGpuError):
     """The cluster or the dump could not be read."""
 
 
-def _collect(doc: Any, nodes: list, pods: list, where: str, depth: int = 0) -> None:
+_DRA_KINDS = {"ResourceSlice": "slices", "ResourceClaim": "claims"}
+
+
+def _collect(doc: Any, nodes: list, pods: list, where: str, depth: int = 0,
+             dra: Objects | None = None) -> None:
     if depth > 4:
         raise SourceError(f"{where}: lists nested more than 4 deep; expected kubectl's output")
     if isinstance(doc, list):
         for d in doc:
-            _collect(d, nodes, pods, where, depth + 1)
+            _collect(d, nodes, pods, where, depth + 1, dra)
         return
     if not isinstance(doc, Mapping):
         raise SourceError(f"{where}: expected a JSON object of kind List, NodeList or PodList")
@@ -44,15 +61,22 @@ def _collect(doc: Any, nodes: list, pods: list, where: str, depth: int = 0) -> N
         nodes.append(dict(doc))
     elif kind == "Pod":
         pods.append(dict(doc))
+    elif kind in _DRA_KINDS and str(doc.get("apiVersion", "")).startswith("resource.k8s.io/"):
+        if dra is not None:
+            getattr(dra, _DRA_KINDS[str(kind)]).append(dict(doc))
     elif (isinstance(kind, str) and kind.endswith("List")) or "items" in doc:
         items = doc.get("items")
         if not isinstance(items, list):
             raise SourceError(f"{where}: field 'items' must be a list of objects")
-        implied = {"NodeList": "Node", "PodList": "Pod"}.get(str(kind))
+        implied = {"NodeList": "Node", "PodList": "Pod", "ResourceSliceList": "ResourceSlice",
+                   "ResourceClaimList": "ResourceClaim"}.get(str(kind))
+        version = doc.get("apiVersion")
         for item in items:
             if isinstance(item, Mapping) and implied and "kind" not in item:
                 item = {**item, "kind": implied}
-            _collect(item, nodes, pods, where, depth + 1)
+                if implied in _DRA_KINDS and "apiVersion" not in item and version:
+                    item["apiVersion"] = version
+            _collect(item, nodes, pods, where, depth + 1, dra)
     # other kinds (Events, Services, ...) in a support bundle are ignored
 
 
@@ -79,13 +103,34 @@ def load_file(path: str) -> Objects:
         ) from None
     nodes: list[dict[str, Any]] = []
     pods: list[dict[str, Any]] = []
-    _collect(doc, nodes, pods, f"--file {where}")
+    dra = Objects([], [])
+    _collect(doc, nodes, pods, f"--file {where}", dra=dra)
     if not nodes:
         raise SourceError(
             f"--file {where}: holds no Node objects; write it with: "
             "kubectl get nodes,pods -A -o json > FILE"
         )
-    return nodes, pods
+    return Objects(nodes, pods, dra.slices, dra.claims)
+
+
+def _dra_resources() -> tuple[Any, Any]:
+    """``resource.k8s.io/v1`` ResourceSlice and ResourceClaim as raw objects (lightkube's models
+    may predate them, and would drop fields they do not know, such as ``consumedCapacity``)."""
+    from lightkube.generic_resource import (
+        GenericGlobalResource,
+        GenericNamespacedResource,
+        create_api_info,
+    )
+
+    class ResourceSlice(GenericGlobalResource):
+        _api_info = create_api_info("resource.k8s.io", "v1", "ResourceSlice", "resourceslices",
+                                    verbs=["list"])
+
+    class ResourceClaim(GenericNamespacedResource):
+        _api_info = create_api_info("resource.k8s.io", "v1", "ResourceClaim", "resourceclaims",
+                                    verbs=["list", "global_list"])
+
+    return ResourceSlice, ResourceClaim
 
 
 def kubeconfig_path(explicit: str | None = None) -> str | None:
@@ -126,12 +171,36 @@ def load_live(kubeconfig: str | None = None, *, timeout: float = 20.0,
     with contextlib.suppress(Exception):
         server = config.get(context).cluster.server
 
+    def plain(obj: Any) -> dict[str, Any]:
+        return obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
+
     async def fetch() -> Objects:
         client = AsyncClient(config.get(context) if context else config, timeout=timeout)
         try:
             nodes = [n.to_dict() async for n in client.list(Node, chunk_size=500)]
             pods = [p.to_dict() async for p in client.list(Pod, namespace="*", chunk_size=500)]
-            return nodes, pods
+            out = Objects(nodes, pods)
+            slice_res, claim_res = _dra_resources()
+            for what, res, ns in (("resourceslices", slice_res, None),
+                                  ("resourceclaims", claim_res, "*")):
+                try:
+                    kw = {"namespace": ns} if ns else {}
+                    got = [plain(o) async for o in client.list(res, chunk_size=500, **kw)]
+                except ApiError as e:
+                    code = getattr(e.status, "code", None)
+                    if code == 404:  # no resource.k8s.io/v1 (before 1.34): no DRA shares
+                        break
+                    if code in (401, 403):
+                        out.warnings.append(
+                            f"cannot list {what}.resource.k8s.io ({e.status.message}): DRA "
+                            "shares are not shown (your user needs list on resourceslices and "
+                            "resourceclaims)")
+                        break
+                    raise
+                for o in got:
+                    o.setdefault("apiVersion", "resource.k8s.io/v1")
+                (out.slices if what == "resourceslices" else out.claims).extend(got)
+            return out
         finally:
             await client.close()
 

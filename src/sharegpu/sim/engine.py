@@ -39,6 +39,7 @@ class RunResult:
     seconds: float
     decision_seconds: float
     extra: dict[str, float] = field(default_factory=dict)
+    gpu_choice: str = "policy"
 
     @property
     def pods_per_s(self) -> float:
@@ -107,9 +108,11 @@ def run_one(
     inflation: float = 1.3,
     on_progress: Callable[[int], None] | None = None,
     placements: list[str | None] | None = None,
+    gpu_choice: str = "policy",
 ) -> RunResult:
     """One policy over one seed's pod stream. ``placements``, when given, gets each pod's node
-    (``None`` when it was not placed), in stream order."""
+    (``None`` when it was not placed), in stream order. ``gpu_choice="allocator"``: the policy
+    picks the node, the GPUs inside it are the DRA allocator's (first fit in device order)."""
     started = time.perf_counter()
     state = ClusterState(nodes)
     capacity = int(state.gpu_count[: state.n].sum())
@@ -117,7 +120,7 @@ def run_one(
     pol = get_policy(policy)
     pol.prepare(state, target)
     state.set_order(node_order(state.n, seed))
-    sched = Scheduler(state, pol, seed=seed)
+    sched = Scheduler(state, pol, seed=seed, gpu_choice=gpu_choice)
     seq = stream(pods, capacity, seed, inflation)
     n = len(seq)
     arrived = np.zeros(n)
@@ -161,4 +164,5 @@ def run_one(
         placed=placed,
         seconds=time.perf_counter() - started,
         decision_seconds=t_dec,
+        gpu_choice=gpu_choice,
     )

@@ -50,9 +50,13 @@ def _load(source: Source, workload: str) -> tuple[list[NodeSpec], list[TracePod]
     return _CACHE[key]
 
 
-def _task(source: Source, workload: str, policy: str, seed: int, inflation: float) -> RunResult:
+def _task(
+    source: Source, workload: str, policy: str, seed: int, inflation: float,
+    gpu_choice: str = "policy",
+) -> RunResult:
     nodes, pods = _load(source, workload)
-    return run_one(nodes, pods, policy, seed, workload, target_workload(pods), inflation)
+    return run_one(nodes, pods, policy, seed, workload, target_workload(pods), inflation,
+                   gpu_choice=gpu_choice)
 
 
 @dataclass
@@ -61,6 +65,7 @@ class Summary:
     workload: str
     seeds: list[int]
     runs: list[RunResult]
+    gpu_choice: str = "policy"
 
     @property
     def unallocated(self) -> tuple[float, float]:
@@ -89,6 +94,7 @@ class Summary:
         return {
             "policy": self.policy,
             "workload": self.workload,
+            "gpu_choice": self.gpu_choice,
             "seeds": self.seeds,
             "unallocated_pct": {"mean": round(mean, 3), "sd": round(sd, 3)},
             "per_seed_unallocated_pct": [r.unallocated_pct for r in self.runs],
@@ -110,7 +116,10 @@ def run_matrix(
     inflation: float = 1.3,
     jobs: int | None = None,
     on_done: Callable[[RunResult], None] | None = None,
+    gpu_choice: str = "policy",
 ) -> list[Summary]:
+    """``gpu_choice``: ``policy`` (the policy's own GPUs inside the node) or ``allocator``
+    (kube-scheduler's DRA allocator's: the first that fit, in device order)."""
     for w in workloads:  # fail early, with a clear message, on a missing workload
         _load(source, w)
     tasks = [(w, p, s) for w in workloads for p in policies for s in seeds]
@@ -118,13 +127,14 @@ def run_matrix(
     jobs = jobs or min(len(tasks), os.cpu_count() or 1)
     if jobs <= 1:
         for w, p, s in tasks:
-            r = _task(source, w, p, s, inflation)
+            r = _task(source, w, p, s, inflation, gpu_choice)
             results[(w, p, s)] = r
             if on_done:
                 on_done(r)
     else:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futs = {pool.submit(_task, source, w, p, s, inflation): (w, p, s) for w, p, s in tasks}
+            futs = {pool.submit(_task, source, w, p, s, inflation, gpu_choice): (w, p, s)
+                    for w, p, s in tasks}
             for f in as_completed(futs):
                 r = f.result()
                 results[futs[f]] = r
@@ -133,5 +143,6 @@ def run_matrix(
     out = []
     for w in workloads:
         for p in policies:
-            out.append(Summary(p, w, list(seeds), [results[(w, p, s)] for s in seeds]))
+            out.append(Summary(p, w, list(seeds), [results[(w, p, s)] for s in seeds],
+                               gpu_choice))
     return out
