@@ -258,7 +258,7 @@ def _simulate(node_objs: list[dict[str, Any]], pods: list[dict[str, Any]],
     return out
 
 
-@pytest.mark.parametrize("policy", ["strand", "strandlp"])
+@pytest.mark.parametrize("policy", ["strand", "strandlp", "strandfill"])
 def test_strand_in_the_view_decides_as_the_simulator_with_cpu_and_memory(policy: str) -> None:
     """Pods without GPUs placed by kube-scheduler where the simulator put them; GPU pods by the
     view's filter and prioritize. The same decisions; with CPU and memory hidden, others."""

@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 
 UNKNOWN_NODE = "node has no GPUs known to sharegpu (no GPU resources or annotations)"
 # policies whose score of a node reads that node's row alone (so scores keep until it changes)
-ROW_LOCAL_POLICIES = frozenset({"fgd", "strand", "strandlp"})
+ROW_LOCAL_POLICIES = frozenset({"fgd", "strand", "strandlp", "strandfill"})
 
 
 class ClusterCache(LearnedWorkload):
