@@ -226,6 +226,7 @@ def _run(cp: ControlPlane, binary: Path, admin: Client, ns: str, d: Path, *, see
         bad: list[str] = []
         per_gpu: dict[str, int] = {}
         shares = set()
+        defaulted = 0  # claims that asked for no cores yet consumed the policy's default
         for i, (gib, cores) in enumerate(want):
             c = claims[f"c{i:02d}"]
             uid = c["metadata"]["uid"]
@@ -235,6 +236,8 @@ def _run(cp: ControlPlane, binary: Path, admin: Client, ns: str, d: Path, *, see
             per_gpu[dev] = per_gpu.get(dev, 0) + 1
             shares.add((dev, res[0].get("shareID")))
             consumed = res[0]["consumedCapacity"]
+            if cores is None and consumed.get("cores"):
+                defaulted += 1
             pod = next(p for p in report["pods"] if p["name"] == f"p{i:02d}")
             cid = f"sharegpu.io/gpu={uid}-{dev}"
             if not pod["prepared"] or [x["cdi_devices"] for x in pod["containers"]] != [[cid]]:
@@ -273,7 +276,9 @@ def _run(cp: ControlPlane, binary: Path, admin: Client, ns: str, d: Path, *, see
               f"{prepare_s:.1f}s after the first claim was created; {attempts} "
               f"PrepareResources calls, {retried} pods retried"
               + (f"; agent restarted after {restarted_at} specs" if restart else "")
-              + f"; {len(bad)} mismatches", file=sys.stderr)
+              + f"; {defaulted} claims asked for no cores and consumed the default "
+              f"{dra.CAPACITY_CORES} (no SM limit given); {len(bad)} mismatches",
+              file=sys.stderr)
         assert bad == [], f"{len(bad)} mismatches:\n" + "\n".join(bad[:40])
         assert len(shares) == N_PODS
         assert len(list(cdi_dir.glob("*.json"))) == N_PODS and len(checkpoint) == N_PODS
