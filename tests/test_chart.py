@@ -203,10 +203,12 @@ ALLOWED = {
 }
 # what agent.dra.enabled adds to the agent (docs/dra.md): its node's ResourceSlice (no narrower
 # rule exists: slice names are per node, and create, list and watch take no names) and the
-# chart's DeviceClass, which owns the slices
+# chart's DeviceClass, which owns the slices; and for its DRA kubelet plugin, the claims the
+# kubelet names (get only)
 ALLOWED_DRA = _perm("resource.k8s.io", ["resourceslices"],
                     ["list", "watch", "create", "update", "delete"]) \
-    | _perm("resource.k8s.io", ["deviceclasses"], ["get"], ["gpu.sharegpu.io"])
+    | _perm("resource.k8s.io", ["deviceclasses"], ["get"], ["gpu.sharegpu.io"]) \
+    | _perm("resource.k8s.io", ["resourceclaims"], ["get"])
 # what agent.dra.enabled adds to the webhook (docs/dra.md, "ACK's pod spec on DRA"): the
 # ResourceClaimTemplates of translated pods, one per request shape in the pod's namespace
 ALLOWED_DRA_WEBHOOK = _perm("resource.k8s.io", ["resourceclaimtemplates"], ["create", "get"])
@@ -487,6 +489,62 @@ def test_dra_pool_deviceclass_rbac_and_agent_flags(tmp_path):
     role = one(custom, "ClusterRole", "agent")
     assert {"apiGroups": ["resource.k8s.io"], "resources": ["deviceclasses"],
             "resourceNames": ["gpu.example.com"], "verbs": ["get"]} in role["rules"]
+    # the kubelet plugin serves gpu.sharegpu.io only: another driver name gets slices only, and
+    # neither the plugin's rights nor its host directories
+    assert "--dra-kubelet-plugin=off" in args_of(one(custom, "DaemonSet", "agent"))
+    assert not [r for r in role["rules"] if "resourceclaims" in r["resources"]]
+    assert not {"dra-registry", "dra-plugin", "cdi", "vgpu-cache"} & {
+        v["name"] for v in one(custom, "DaemonSet", "agent")["spec"]["template"]["spec"]["volumes"]}
+
+
+HOST_DRA = {  # the DRA kubelet plugin's host directories, each mounted at the host's own path
+    "dra-registry": "/var/lib/kubelet/plugins_registry",
+    "dra-plugin": "/var/lib/kubelet/plugins/gpu.sharegpu.io",
+    "cdi": "/var/run/cdi",
+    "vgpu-cache": "/tmp/sharegpu-vgpu",
+}
+
+
+def test_dra_kubelet_plugin_mounts_and_flags():
+    """agent.dra.enabled: the agent serves the kubelet plugin from the kubelet's directories (the
+    registration socket in plugins_registry, the endpoint under plugins/<driver>, whose path the
+    kubelet dials as the plugin names it, so host and container paths agree), writes CDI specs
+    to the runtime's CDI directory and the claims' HAMi-core cache directories on the host."""
+    from sharegpu.agent.draplugin import CDI_DIR, PLUGINS_DIR, REGISTRY_DIR
+    from sharegpu.commands import agent as agent_cmd
+
+    assert (agent_cmd.REGISTRY_DIR, agent_cmd.PLUGINS_DIR, agent_cmd.CDI_DIR) == (
+        REGISTRY_DIR, PLUGINS_DIR, CDI_DIR)
+    off = one(render(None), "DaemonSet", "agent")["spec"]["template"]["spec"]
+    assert not set(HOST_DRA) & {v["name"] for v in off["volumes"]}
+    ds = one(render(None, "1.37.0", *DRA), "DaemonSet", "agent")
+    spec = ds["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["name"]: m for m in container(ds)["volumeMounts"]}
+    for name, path in HOST_DRA.items():
+        assert volumes[name]["hostPath"] == {"path": path, "type": "DirectoryOrCreate"}
+        assert mounts[name]["mountPath"] == path and not mounts[name].get("readOnly")
+    a = args_of(ds)
+    assert {"--dra-plugins-registry=/var/lib/kubelet/plugins_registry",
+            "--dra-plugin-dir=/var/lib/kubelet/plugins/gpu.sharegpu.io",
+            "--cdi-dir=/var/run/cdi"} <= set(a)
+    assert "--dra-kubelet-plugin=off" not in a
+    moved = one(render(None, "1.37.0", *DRA, "agent.dra.kubeletDir=/data/kubelet/",
+                       "agent.dra.cdiDir=/etc/cdi"), "DaemonSet", "agent")
+    assert {"--dra-plugins-registry=/data/kubelet/plugins_registry",
+            "--dra-plugin-dir=/data/kubelet/plugins/gpu.sharegpu.io",
+            "--cdi-dir=/etc/cdi"} <= set(args_of(moved))
+    assert {m["mountPath"] for m in container(moved)["volumeMounts"]} >= {
+        "/data/kubelet/plugins_registry", "/data/kubelet/plugins/gpu.sharegpu.io", "/etc/cdi"}
+    r = run_helm("template", "x", str(CHART), "--set", "agent.dra.cdiDir=relative/cdi")
+    assert r.returncode != 0 and "/agent/dra/cdiDir" in r.stderr
+    # the agent's parser takes the chart's arguments
+    import argparse
+
+    p = argparse.ArgumentParser()
+    agent_cmd.add_arguments(p)
+    ns = p.parse_args([x for x in a if x.startswith("--")])
+    assert (ns.dra, ns.dra_kubelet_plugin, ns.cdi_dir) == ("label", "on", "/var/run/cdi")
 
 
 def test_dra_is_refused_before_kubernetes_1_34_and_bad_names_naming_the_field():

@@ -6,6 +6,7 @@
 //	sharegpu-controlplane kube-controller-manager [flags]
 //	sharegpu-controlplane kube-scheduler [flags]
 //	sharegpu-controlplane kubelet-devicemanager [flags]
+//	sharegpu-controlplane kubelet-dra [flags]
 //	sharegpu-controlplane version
 //
 // The first argument picks the component (or the binary's own name, when it is invoked through a
@@ -37,6 +38,7 @@ var components = map[string]func(args []string) int{
 	"kube-controller-manager": cobraMain(controllermanager.NewControllerManagerCommand),
 	"kube-scheduler":          cobraMain(func() *cobra.Command { return scheduler.NewSchedulerCommand() }),
 	"kubelet-devicemanager":   runKubeletDeviceManager,
+	"kubelet-dra":             runKubeletDRA,
 	"version":                 runVersion,
 }
 

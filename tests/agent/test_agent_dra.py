@@ -62,7 +62,21 @@ def claim(name: str, results: list[dict] | None, *, uid: str | None = None,
         status["allocation"] = {"devices": {"results": results}}
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": name, "namespace": ns, "uid": uid or f"uid-{name}"},
-            "spec": {"devices": {"requests": [{"name": "gpu"}]}}, "status": status}
+            "spec": {"devices": {"requests": spec_requests(results)}}, "status": status}
+
+
+def spec_requests(results: list[dict] | None) -> list[dict]:
+    """The claim's requests as kube-scheduler allocated ``results`` from: each asks for the
+    capacity its results consumed (so a result's ``cores`` is one its request asked for)."""
+    out: dict[str, dict] = {}
+    for r in results or []:
+        if not isinstance(r, dict) or not isinstance(r.get("request"), str):
+            continue
+        req = out.setdefault(r["request"], {"name": r["request"], "exactly": {
+            "deviceClassName": DRIVER}})
+        if isinstance(r.get("consumedCapacity"), dict):
+            req["exactly"]["capacity"] = {"requests": dict(r["consumedCapacity"])}
+    return list(out.values()) or [{"name": "gpu"}]
 
 
 def read(path: str) -> str:
@@ -449,6 +463,29 @@ def test_claim_rules(name):
         parse_claim(claim(name, results), uid=f"uid-{name}", node=NODE,
                     gpu_mem=[g for _, g in GPUS])
     assert rule in str(e.value)
+
+
+def test_cores_are_a_limit_only_where_the_request_asked_for_them():
+    """kube-scheduler consumes the request policy's default (5 %) of ``cores`` for a claim that
+    does not ask (found on the real scheduler, tests/e2e/test_dra_prepare_real.py): that is
+    accounting, not a compute limit; cores the request names are its limit."""
+    mem = [g for _, g in GPUS]
+    consumed = [result("gpu-0", "2Gi", "5", request="gpu")]
+    unasked = claim("unasked", consumed, uid="uid-u")
+    unasked["spec"]["devices"]["requests"] = [{"name": "gpu", "exactly": {
+        "deviceClassName": DRIVER, "capacity": {"requests": {"memory": "2Gi"}}}}]
+    assert parse_claim(unasked, uid="uid-u", node=NODE, gpu_mem=mem).devices[0].core is None
+    plain = claim("plain", consumed, uid="uid-p")  # no capacity at all: 1Gi / 5 % by default
+    plain["spec"]["devices"]["requests"] = [{"name": "gpu", "exactly": {
+        "deviceClassName": DRIVER}}]
+    assert parse_claim(plain, uid="uid-p", node=NODE, gpu_mem=mem).devices[0].core is None
+    asked = claim("asked", consumed, uid="uid-a")
+    assert parse_claim(asked, uid="uid-a", node=NODE, gpu_mem=mem).devices[0].core == 5
+    sub = claim("sub", [result("gpu-1", "4Gi", "30", request="gpu/big")], uid="uid-s")
+    sub["spec"]["devices"]["requests"] = [{"name": "gpu", "firstAvailable": [
+        {"name": "big", "deviceClassName": DRIVER,
+         "capacity": {"requests": {"memory": "4Gi", "cores": "30"}}}]}]
+    assert parse_claim(sub, uid="uid-s", node=NODE, gpu_mem=mem).devices[0].core == 30
 
 
 async def test_isolation_unavailable_refuses_and_writes_nothing(make_dra, short_dir):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -108,6 +109,15 @@ def dra_node(dra: Dra) -> Iterator[str]:
             dra.admin.delete(Node, name)
 
 
+def kubelet_plugin_dirs(tmp: Path) -> dict[str, str]:
+    """The DRA kubelet plugin's directories in place of the chart's host paths (unix socket
+    paths stay short: a directory under /tmp)."""
+    d = tempfile.mkdtemp(prefix="sg-dra-", dir="/tmp")
+    (tmp / "kubelet-plugin-dirs").write_text(d)
+    return {"dra_plugins_registry": f"{d}/registry", "dra_plugin_dir": f"{d}/plugin",
+            "cdi_dir": f"{d}/cdi"}
+
+
 def start_agent(d: Dra, node: str, tmp: Path, name: str) -> SharegpuProcess:
     agent = f"{RELEASE}-agent"
     kubeconfig = d.cp.service_account_kubeconfig(d.ns, agent, create=False)
@@ -118,7 +128,7 @@ def start_agent(d: Dra, node: str, tmp: Path, name: str) -> SharegpuProcess:
         device_plugin_dir=str(tmp / "device-plugins"), state_dir=str(tmp / "state"),
         metrics_listen=f"127.0.0.1:{free_port()}", hami_installed=str(tmp / "hami-installed"),
         mps_pipe_dir=str(tmp / "mps"), mps_shm_dir=str(tmp / "mps-shm"),
-        log_level="DEBUG")
+        log_level="DEBUG", **kubelet_plugin_dirs(tmp))
     assert "--dra=label" in args and "--dra-label=sharegpu.io/dra=true" in args
     return SharegpuProcess(d.cp, name, args).start()
 

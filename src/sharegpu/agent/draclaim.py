@@ -10,8 +10,8 @@ naming the field (with the result's index) and the rule. Pure: no I/O.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .. import dra
@@ -94,13 +94,19 @@ def parse_claim(
         raise ValidationError(RESULTS, results, "must be a list of allocation results")
     mine: list[ClaimDevice] = []
     seen: dict[str, int] = {}
+    asked = _asked_cores(obj.get("spec"))
     for i, r in enumerate(results):
         at = f"{RESULTS}[{i}]"
         if not isinstance(r, Mapping):
             raise ValidationError(at, r, "must be an object")
         if r.get("driver") != dra.DRIVER:
             continue
-        mine.append(_device(r, at, i, node, gpu_mem))
+        d = _device(r, at, i, node, gpu_mem)
+        if d.core is not None and not asked(d.request):
+            # consumed by the request policy's default (every claim consumes at least 5 %, so
+            # that at most 20 share a GPU), not asked for: accounting, no limit
+            d = replace(d, core=None)
+        mine.append(d)
         d = mine[-1]
         if d.device in seen:
             raise ValidationError(
@@ -119,6 +125,31 @@ def parse_claim(
                 "the devices of one request are all whole GPUs or all shared")
     return Claim(str(meta.get("namespace") or ""), str(meta.get("name") or ""), uid,
                  tuple(mine))
+
+
+def _asked_cores(spec: Any) -> Callable[[str], bool]:
+    """Whether a request (``req`` or ``req/sub`` of ``firstAvailable``) named ``cores`` in its
+    ``capacity.requests``. A result's ``consumedCapacity`` has ``cores`` either way: kube-scheduler
+    consumes the request policy's default (5) for a claim that does not ask, which is not a
+    compute limit. A claim whose spec does not list the request (not one the API server would
+    store) is taken at its word: what it consumed is its limit."""
+    devices = spec.get("devices") if isinstance(spec, Mapping) else None
+    requests = devices.get("requests") if isinstance(devices, Mapping) else None
+    found: dict[str, bool] = {}
+
+    def names_cores(body: Any) -> bool:
+        cap = body.get("capacity") if isinstance(body, Mapping) else None
+        reqs = cap.get("requests") if isinstance(cap, Mapping) else None
+        return isinstance(reqs, Mapping) and dra.CAPACITY_CORES in reqs
+
+    for r in requests if isinstance(requests, list) else []:
+        if not isinstance(r, Mapping) or not isinstance(r.get("name"), str):
+            continue
+        found[r["name"]] = names_cores(r.get("exactly"))
+        for sub in r.get("firstAvailable") or []:
+            if isinstance(sub, Mapping) and isinstance(sub.get("name"), str):
+                found[f"{r['name']}/{sub['name']}"] = names_cores(sub)
+    return lambda request: found.get(request, True)
 
 
 def _device(r: Mapping[str, Any], at: str, i: int, node: str,

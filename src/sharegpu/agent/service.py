@@ -32,6 +32,7 @@ from .allocate import (
 )
 from .conflicts import gpu_plugins
 from .devices import SOCKETS, DeviceMap, devices_for
+from .draplugin import DraConfig, DraPlugin
 from .isolation import PRELOAD_FILE, Backend, IsolationConfig, backend_for
 from .kube import KubeApi
 from .mps import CURRENT_MODE_FILE
@@ -77,6 +78,9 @@ class AgentConfig:
     # carries dra_label, else "off" with this node's slice withdrawn)
     dra: str = "off"
     dra_label: tuple[str, str] = ("sharegpu.io/dra", "true")
+    # the DRA kubelet plugin's directories (registration socket, endpoint, CDI specs): served
+    # while the node is in the DRA pool (dra_active); None: no kubelet plugin
+    dra_plugin: DraConfig | None = None
 
 
 class Agent:
@@ -112,6 +116,12 @@ class Agent:
         self._stop = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._mode_changed = asyncio.Event()
+        # the DRA kubelet plugin (docs/dra.md): serving while the node is in the DRA pool
+        self.dra_plugin: DraPlugin | None = (
+            DraPlugin(self, config.dra_plugin)
+            if config.dra != "off" and config.dra_plugin is not None else None)
+        self._dra_serving = False
+        self._dra_lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -128,6 +138,7 @@ class Agent:
         await self._start_plugins()
         if self.slices is not None:
             await self.slices.start()
+        await self._sync_dra_plugin()
         self._tasks = [
             asyncio.create_task(self._watch_node(), name="watch-node"),
             asyncio.create_task(self._watch_kubelet(), name="watch-kubelet"),
@@ -160,6 +171,9 @@ class Agent:
             t.cancel()
         for p in self.plugins.values():
             await p.stop()
+        if self.dra_plugin is not None and self._dra_serving:
+            await self.dra_plugin.stop()
+            self._dra_serving = False
         if self.slices is not None:
             await self.slices.stop()
 
@@ -248,6 +262,11 @@ class Agent:
             log.info("node %s: GPUs served through %s", self.config.node_name,
                      "DRA (ResourceSlice)" if self.dra_active else "device plugins")
             await self._refresh_devices()
+            try:
+                await self._sync_dra_plugin()
+            except Exception as e:  # directories not writable: logged, the label may move again
+                log.error("node %s: the DRA kubelet plugin could not be %s: %s",
+                          self.config.node_name, "started" if self.dra_active else "stopped", e)
         explicit = self._label_mode()
         if explicit is None or explicit == self.mode:
             if explicit is not None and not os.path.exists(self._mode_path()):
@@ -391,6 +410,28 @@ class Agent:
             key, value = self.config.dra_label
             return self.labels.get(key) == value
         return self.config.dra == "on"
+
+    async def _sync_dra_plugin(self) -> None:
+        """Serve the DRA kubelet plugin while the node is in the DRA pool, and only then: its
+        registration socket appears in (and leaves) the kubelet's plugins_registry with the pool
+        label. Prepared claims stay recorded while it is stopped (drain before moving a node)."""
+        p = self.dra_plugin
+        if p is None:
+            return
+        async with self._dra_lock:
+            if self.dra_active and not self._dra_serving:
+                await p.start()
+                self._dra_serving = True
+            elif not self.dra_active and self._dra_serving:
+                await p.stop()
+                self._dra_serving = False
+                log.info("DRA plugin %s stopped: node %s left the DRA pool", p.config.endpoint,
+                         self.config.node_name)
+
+    @property
+    def dra_serving(self) -> bool:
+        """Whether the DRA kubelet plugin is serving now."""
+        return self._dra_serving
 
     async def _refresh_devices(self) -> None:
         withheld = (self.readiness.backend is not Backend.NONE and not self.readiness.ready)

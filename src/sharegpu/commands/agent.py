@@ -11,6 +11,11 @@ from ..dra import DRIVER as DRA_DRIVER
 from ..errors import ValidationError
 from .argtypes import reserve_mib
 
+# the kubelet's directories (agent.draplugin's defaults; not imported here: it loads grpc)
+REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
+PLUGINS_DIR = "/var/lib/kubelet/plugins"
+CDI_DIR = "/var/run/cdi"
+
 NAME = "agent"
 HELP = "run the node agent: device plugins, mode switching, card-model labels, isolation"
 DESCRIPTION = (
@@ -73,6 +78,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the DRA driver name the ResourceSlice is published for")
     p.add_argument("--dra-device-class", default="gpu.sharegpu.io",
                    help="the DeviceClass that owns the slice (the chart's); '' for none")
+    p.add_argument("--dra-kubelet-plugin", default="on", choices=("on", "off"),
+                   help="with --dra on/label: serve the DRA kubelet plugin while the node is in "
+                        "the DRA pool (off: ResourceSlices only)")
+    p.add_argument("--dra-plugins-registry", default=REGISTRY_DIR,
+                   help="the kubelet's plugin registration directory (the plugin's "
+                        "registration socket goes here)")
+    p.add_argument("--dra-plugin-dir", default=f"{PLUGINS_DIR}/{DRA_DRIVER}",
+                   help="directory of the DRA plugin's endpoint socket (dra.sock)")
+    p.add_argument("--cdi-dir", default=CDI_DIR,
+                   help="the container runtime's CDI spec directory (one spec per claim)")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
 
 
@@ -114,6 +129,26 @@ def run(args: argparse.Namespace) -> int:
         from ..resourceslices import check_driver_name
 
         check_driver_name("--dra-driver", args.dra_driver)
+    dra_plugin = None
+    if args.dra != "off" and args.dra_kubelet_plugin == "on":
+        from ..agent.draplugin import DraConfig
+
+        if args.dra_driver != DRA_DRIVER:
+            raise ValidationError("--dra-driver", args.dra_driver,
+                                  f"the DRA kubelet plugin serves driver {DRA_DRIVER} only "
+                                  "(use --dra-kubelet-plugin=off for slices of another name)")
+        for flag, value in (("--dra-plugins-registry", args.dra_plugins_registry),
+                            ("--dra-plugin-dir", args.dra_plugin_dir),
+                            ("--cdi-dir", args.cdi_dir)):
+            if not os.path.isabs(value):
+                raise ValidationError(flag, value, "must be an absolute path")
+        dra_plugin = DraConfig(registry_dir=args.dra_plugins_registry,
+                               plugin_dir=args.dra_plugin_dir, cdi_dir=args.cdi_dir)
+        # a unix socket path has at most 107 bytes
+        for flag, sock in (("--dra-plugins-registry", dra_plugin.registration_socket),
+                           ("--dra-plugin-dir", dra_plugin.endpoint)):
+            if len(sock.encode()) > 107:
+                raise ValidationError(flag, sock, "socket path must be at most 107 bytes")
     nvml = FakeNvml.from_spec(args.fake_gpus) if args.nvml == "fake" else _real_nvml(RealNvml)
     if args.standalone:
         kube = MemoryKube()
@@ -147,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
         reserve_mib=reserve,
         dra=args.dra,
         dra_label=dra_label,
+        dra_plugin=dra_plugin,
     )
 
     async def main() -> None:
