@@ -319,3 +319,38 @@ def test_without_dra_rights_the_extender_works_as_before(fake_api: Any, caplog) 
 
     asyncio.run(go())
     assert sum("DRA mode off" in r.message for r in caplog.records) == 1
+
+
+def test_the_http_filter_answers_dra_pods_and_never_fails_on_bad_ones():
+    import json
+
+    from sharegpu.extender.httpserver import Request
+    from sharegpu.extender.metrics import Metrics
+    from sharegpu.extender.server import ExtenderApp
+
+    v = cluster()
+    v.upsert_claim(claim("new-gpu", 20, 30))
+    app = ExtenderApp(v, None, Metrics())
+    names = ["dp", *NODES]
+
+    def ask(p: Any) -> dict[str, Any]:
+        body = json.dumps({"Pod": p, "NodeNames": names}).encode()
+
+        async def go() -> Any:
+            return app.filter(Request("POST", "/filter", body=body))
+
+        resp = asyncio.run(go())
+        assert resp.status == 200
+        return json.loads(resp.body)
+
+    got = ask(pod("new", {"gpu": "new-gpu"}))
+    assert got["NodeNames"] == ["d3", "d4"]
+    assert "the largest GPU has 15" in got["FailedAndUnresolvableNodes"]["d1"]
+    assert got["FailedAndUnresolvableNodes"]["dp"] == NOT_IN_POOL
+    for bad in ([1], [{"name": ["x"], "resourceClaimTemplateName": "t"}], "x"):
+        p = pod("new", {"gpu": "new-gpu"})
+        p["spec"]["resourceClaims"] = bad
+        p["status"]["resourceClaimStatuses"] = [{"name": ["x"]}, 3]
+        got = ask(p)
+        assert "Error" not in got or not got["Error"], got
+

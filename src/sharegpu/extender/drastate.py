@@ -325,8 +325,9 @@ class DraCache:
             raise ValidationError("spec.resourceClaims", entries, "must be a list")
         status = pod.get("status") if isinstance(pod.get("status"), Mapping) else {}
         made = status.get("resourceClaimStatuses") or []
-        generated = {s.get("name"): s.get("resourceClaimName") for s in made
-                     if isinstance(s, Mapping)} if isinstance(made, list) else {}
+        generated = {s["name"]: s.get("resourceClaimName") for s in made
+                     if isinstance(s, Mapping) and isinstance(s.get("name"), str)
+                     } if isinstance(made, list) else {}
         ns = base.namespace
         containers: list[ContainerRequest] = []
         for i, e in enumerate(entries):
@@ -334,7 +335,7 @@ class DraCache:
                 raise ValidationError(f"spec.resourceClaims[{i}]", e, "must be an object")
             claim = e.get("resourceClaimName")
             if not claim and e.get("resourceClaimTemplateName"):
-                claim = generated.get(e.get("name"))
+                claim = generated.get(e.get("name")) if isinstance(e.get("name"), str) else None
                 if not claim:
                     return None  # the claim controller has not made it yet
             if not isinstance(claim, str) or not claim:
