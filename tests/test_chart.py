@@ -212,6 +212,10 @@ ALLOWED_DRA = _perm("resource.k8s.io", ["resourceslices"],
 # what agent.dra.enabled adds to the webhook (docs/dra.md, "ACK's pod spec on DRA"): the
 # ResourceClaimTemplates of translated pods, one per request shape in the pod's namespace
 ALLOWED_DRA_WEBHOOK = _perm("resource.k8s.io", ["resourceclaimtemplates"], ["create", "get"])
+# what agent.dra.enabled adds to the extender (docs/dra.md, "The extender and DRA pods"): DRA
+# nodes' GPUs and the claims' allocated shares, read only
+ALLOWED_DRA_EXTENDER = _perm("resource.k8s.io", ["resourceslices", "resourceclaims"],
+                             ["list", "watch"])
 # built-in roles a kube-scheduler is given by every installation (kubeadm, the docs' "multiple
 # schedulers" setup); they are maintained by Kubernetes itself
 BUILTIN = {"scheduler": {("ClusterRole", "system:kube-scheduler"),
@@ -474,10 +478,13 @@ def test_dra_pool_deviceclass_rbac_and_agent_flags(tmp_path):
                                   "values": ["true"]}]} in terms
     # exactly what DRA adds, nothing more
     allowed = {**ALLOWED, "agent": ALLOWED["agent"] | ALLOWED_DRA,
-               "webhook": ALLOWED_DRA_WEBHOOK}
+               "webhook": ALLOWED_DRA_WEBHOOK,
+               "extender": ALLOWED["extender"] | ALLOWED_DRA_EXTENDER}
     assert excess(docs, allowed) == []
-    assert len(excess(docs)) == len(ALLOWED_DRA) + len(ALLOWED_DRA_WEBHOOK)
+    assert len(excess(docs)) == len(ALLOWED_DRA) + len(ALLOWED_DRA_WEBHOOK) + len(
+        ALLOWED_DRA_EXTENDER)
     assert permissions(docs)["sharegpu-agent"][0] == allowed["agent"]
+    assert permissions(docs)["sharegpu-extender"][0] == allowed["extender"]
     # the agent's own parser takes the flags the chart gives it
     from sharegpu.commands.agent import _dra_label
 

@@ -461,6 +461,25 @@ class ClusterState:
         self.pods[req.key] = r
         return r
 
+    def hold(self, req: PodRequest, node: int | str, alloc: Allocation) -> Reservation:
+        """Hold what another allocator already decided (a DRA claim's allocation, issue 21) as
+        it is, bound: no rule is checked, since it holds the GPUs whatever the count says (it
+        may over-commit; then nothing more fits there). Every GPU in ``alloc`` must exist."""
+        i = self.index[node] if isinstance(node, str) else node
+        spec = self.specs[i]
+        if spec is None or not self.active[i]:
+            raise PlacementError(f"{req.key}: node slot {i} is not active")
+        if req.key in self.pods:
+            raise PlacementError(f"{req.key}: already placed on {self.pods[req.key].node}")
+        g = int(self.gpu_count[i])
+        for gpu in set(alloc.per_gpu_mem()) | set(alloc.per_gpu_core()):
+            if not 0 <= gpu < g:
+                raise PlacementError(f"{req.key} on {spec.name}: GPU {gpu} does not exist")
+        r = Reservation(req, spec.name, alloc, bound=True)
+        self._apply(r, +1)
+        self.pods[req.key] = r
+        return r
+
     def charge_host(self, node: int | str, cpu_milli: int, mem_mib: int) -> None:
         """Count host CPU and memory used on ``node`` by pods the state does not place (a
         negative amount gives it back). They may exceed what is free (then nothing that needs

@@ -96,11 +96,17 @@ class SchedulingAnswers:
         if cpu or mem:
             empty_ok &= (st.cpu_cap[at_known] >= cpu) & (st.mem_cap[at_known] >= mem)
             host_short = (st.cpu_free[at_known] < cpu) | (st.mem_free[at_known] < mem)
-        for j, i, v, empty, short in zip(bad.tolist(), at.tolist(), version,
-                                         empty_ok.tolist(), host_short.tolist(), strict=True):
+        pool = self.pool_mask(req, at)  # DRA pods: DRA nodes only; others: the rest
+        outside = (~pool).tolist() if pool is not None else [False] * len(at)
+        for j, i, v, empty, short, out in zip(bad.tolist(), at.tolist(), version,
+                                              empty_ok.tolist(), host_short.tolist(), outside,
+                                              strict=True):
             name = names[j]
             if i < 0:
                 unres[name] = UNKNOWN_NODE
+                continue
+            if out:
+                unres[name] = self.pool_reason(req)
                 continue
             if short:
                 reason = st.explain(req, i) or "does not fit"
@@ -118,14 +124,18 @@ class SchedulingAnswers:
         """The core's feasibility of node ``slots`` (known ones): the GPU request's, kept per
         GPU request (:meth:`feasible`), and the host CPU and memory's, read afresh (pods
         differ in CPU and memory far more than in GPU shape)."""
-        if not req.cpu_milli and not req.mem_mib:
-            return self.feasible(req)[slots]
         st = self.state
-        ok = self.feasible(without_host(req))[slots]
-        if req.cpu_milli:
-            ok &= st.cpu_free[slots] >= req.cpu_milli
-        if req.mem_mib:
-            ok &= st.mem_free[slots] >= req.mem_mib
+        if not req.cpu_milli and not req.mem_mib:
+            ok = self.feasible(req)[slots]
+        else:
+            ok = self.feasible(without_host(req))[slots]
+            if req.cpu_milli:
+                ok &= st.cpu_free[slots] >= req.cpu_milli
+            if req.mem_mib:
+                ok &= st.mem_free[slots] >= req.mem_mib
+        pool = self.pool_mask(req, slots)
+        if pool is not None:
+            ok &= pool
         return ok
 
     def feasible(self, req: PodRequest) -> np.ndarray:

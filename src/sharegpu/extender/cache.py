@@ -41,6 +41,7 @@ from ..request import PodRequest
 from ..scheduler import Scheduler
 from ..startingpods import StartingPods
 from ..state import ClusterState, NodeSpec, Reservation
+from .drastate import DraCache
 from .reader import Placed, PlacementReader, _key
 from .workload import LearnedWorkload
 
@@ -51,7 +52,7 @@ UNKNOWN_NODE = "node has no GPUs known to sharegpu (no GPU resources or annotati
 ROW_LOCAL_POLICIES = frozenset({"fgd", "strand", "strandlp", "strandfill"})
 
 
-class ClusterCache(LearnedWorkload):
+class ClusterCache(DraCache, LearnedWorkload):
     """Nodes and pods as the view knows them: the state, what bound pods' annotations say,
     in-flight reservations, pods without a decision, the host ledger; rebuilt from lists
     (:meth:`reset`) and kept by watch events (``upsert_*``, ``delete_*``)."""
@@ -62,6 +63,7 @@ class ClusterCache(LearnedWorkload):
         ran with), never re-learnt; by default it is learnt from the pods seen."""
         self.policy_name = policy
         self.policy = get_policy(policy)
+        self._init_dra()
         self.workload_refresh = workload_refresh
         self.state = ClusterState()
         self.scheduler = Scheduler(self.state, self.policy, tie_break="order")
@@ -114,17 +116,25 @@ class ClusterCache(LearnedWorkload):
         log.warning("%s: %s", key, reason)
 
     # -- full rebuild ---------------
-    def reset(self, nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]) -> int:
+    def reset(self, nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
+              dra: tuple[Iterable[Mapping[str, Any]], Iterable[Mapping[str, Any]]] | None = None
+              ) -> int:
         """Rebuild everything from listed Node and Pod objects (start, relist after 410 Gone,
-        repair after a failed consistency check). In-flight reservations are kept. Returns the
-        number of pods whose annotations could not be applied."""
+        repair after a failed consistency check) and, with ``dra``, listed ResourceSlices and
+        ResourceClaims (without: the slices and claims known are kept and held again).
+        In-flight reservations are kept. Returns the number of pods whose annotations could
+        not be applied."""
         with _gc_paused():
-            return self._reset(nodes, pods)
+            return self._reset(nodes, pods, dra)
 
-    def _reset(self, nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]
-               ) -> int:
+    def _reset(self, nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
+               dra: tuple[Iterable[Mapping[str, Any]], Iterable[Mapping[str, Any]]] | None
+               = None) -> int:
         state = ClusterState()
         specs: dict[str, NodeSpec] = {}
+        if dra is not None:
+            self._dra_load(*dra)
+        self._node_objs, self.dra_slots = {}, {}
         for obj in nodes:
             spec = self._spec(obj)
             if spec is not None:
@@ -185,6 +195,7 @@ class ClusterCache(LearnedWorkload):
             self._problem(key, f"annotations over-commit: {reason}")
             placed.pop(key, None)
             bad += 1
+        self._dra_hold_all(state)  # allocated DRA claims, after the pods' records
         for key, r in list(self.inflight.items()):
             try:
                 self.inflight[key] = state.reserve(r.request, r.node, r.alloc, check_host=False)
@@ -302,7 +313,7 @@ class ClusterCache(LearnedWorkload):
     def _spec(self, obj: Mapping[str, Any]) -> NodeSpec | None:
         name = str((obj.get("metadata") or {}).get("name") or "")
         try:
-            spec = spec_from_node(obj)
+            spec = self._dra_spec(obj, spec_from_node(obj))
             if spec is not None and (spec.cpu_milli is None or spec.mem_mib is None):
                 problem = "; ".join(hostresources.node_allocatable(obj)[2])
                 if problem and self.problems.get(f"node/{name}") != problem:
@@ -318,7 +329,7 @@ class ClusterCache(LearnedWorkload):
         name = str((obj.get("metadata") or {}).get("name") or "")
         if spec is None:
             if name in self.state.index:
-                self.delete_node(name)
+                self.delete_node(name, forget=False)
             return
         if name in self.specs and self.specs[name] == spec:
             return
@@ -336,15 +347,21 @@ class ClusterCache(LearnedWorkload):
             for key, (req, node, alloc) in self.placed.items():
                 if node == name and key not in self.state.pods:
                     self._hold(key, req, node, alloc)
+            self._hold_node_claims(name)
         if fresh and not self.shapes:
             self._prepare()
 
-    def delete_node(self, name: str) -> None:
+    def delete_node(self, name: str, *, forget: bool = True) -> None:
+        """``forget``: the Node is gone (else it only has no GPUs now; a ResourceSlice may
+        give it some)."""
         if name in self.state.index:
             self._nodes_version += 1
             for key in self.state.remove_node(name):
                 self.inflight.pop(key, None)
+                self.claim_held.pop(key, None)  # held again if the node comes back
         self.specs.pop(name, None)
+        if forget:
+            self._forget_node(name)
 
     # -- pods ---------------
     def _hold(self, key: str, req: PodRequest, node: str, alloc: Allocation) -> None:
@@ -454,7 +471,8 @@ class ClusterCache(LearnedWorkload):
             if r is None or r.node != node or not _same(r.alloc, alloc):
                 out.append(key)
         for key in self.state.pods:
-            if key not in self.placed and key not in self.inflight and key not in self.unseen:
+            if key not in self.placed and key not in self.inflight and key not in self.unseen \
+                    and key not in self.claim_held:
                 out.append(key)
         return out
 

@@ -48,6 +48,7 @@ from ..gang import (
 from ..pods import is_terminated, node_of
 from ..request import PodRequest
 from ..state import Reservation
+from .drastate import DraPodRequest
 from .reader import _key
 
 GroupKey = tuple[str, str]  # (namespace, name)
@@ -207,10 +208,10 @@ class GangScheduling:
         self._unmark(key)
         super().delete_pod(obj)  # type: ignore[misc]
 
-    def reset(self, nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]
-              ) -> int:
+    def reset(self, nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
+              dra: Any = None) -> int:
         pods = pods if isinstance(pods, list) else list(pods)
-        bad = super().reset(nodes, pods)  # type: ignore[misc]
+        bad = super().reset(nodes, pods, dra)  # type: ignore[misc]
         holds = {k: gk for k, gk in self._held_by.items() if k in self.inflight}
         self.groups, self._group_of = {}, {}
         for obj in pods:
@@ -364,7 +365,7 @@ class GangScheduling:
     def filter(self, req: PodRequest, names: list[str]
                ) -> tuple[list[str], dict[str, str], dict[str, str]]:
         self.gang_expire()
-        if not req.wants_gpu:
+        if not req.wants_gpu or isinstance(req, DraPodRequest):  # DRA: no gang holds
             return super().filter(req, names)  # type: ignore[misc]
         try:
             group = self._group_for(req)

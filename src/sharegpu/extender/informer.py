@@ -4,6 +4,10 @@
   only then report ready.
 - Watches resume from the last resourceVersion after a dropped connection; ``410 Gone``
   (too old) means a relist and a rebuild.
+- DRA mode (issue 21): ResourceSlices and ResourceClaims (``resource.k8s.io/v1``) are listed
+  and watched too, so that DRA nodes have GPUs and allocated claims hold their shares. An API
+  server without ``resource.k8s.io/v1`` (404) or an extender without the rights (403) is told
+  once, at the first list, and the extender goes on without DRA, as before.
 - A periodic consistency check relists pods and compares the state rebuilt from their
   annotations with the live one; a difference is counted in a metric and repaired.
 """
@@ -19,7 +23,7 @@ from typing import Any
 
 from ..aio import cancel_all
 from ..state import ClusterState
-from .kube import NODES, PODS, ApiError, Gone, KubeApi
+from .kube import CLAIMS, NODES, PODS, SLICES, ApiError, Gone, KubeApi
 from .metrics import Metrics
 from .view import ClusterView
 
@@ -47,9 +51,11 @@ class Informer:
         self.backoff = backoff
         self.on_event = on_event
         self.on_reset = on_reset  # told of each rebuild's lists (before held events replay)
-        self.rv = {PODS: "", NODES: ""}
+        self.rv = {PODS: "", NODES: "", SLICES: "", CLAIMS: ""}
         # whether each watch is streaming now (not resuming after a drop, not relisting)
-        self.live = {PODS: False, NODES: False}
+        self.live = {PODS: False, NODES: False, SLICES: False, CLAIMS: False}
+        # whether DRA objects are listed and watched: None until the first list tells
+        self.dra: bool | None = None
         self.ready = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._relist_lock = asyncio.Lock()
@@ -62,6 +68,11 @@ class Informer:
             asyncio.create_task(self._watch(NODES), name="watch-nodes"),
             asyncio.create_task(self._watch(PODS), name="watch-pods"),
         ]
+        if self.dra:
+            self._tasks += [
+                asyncio.create_task(self._watch(SLICES), name="watch-resourceslices"),
+                asyncio.create_task(self._watch(CLAIMS), name="watch-resourceclaims"),
+            ]
         if self.check_every > 0:
             self._tasks.append(asyncio.create_task(self._checks(), name="consistency-check"))
 
@@ -73,7 +84,27 @@ class Informer:
         """Whether the view follows the API server right now: rebuilt, both watches streaming,
         no relist under way. Events older than a few seconds have then been applied."""
         return (self.view.synced and self.live[PODS] and self.live[NODES]
+                and (not self.dra or (self.live[SLICES] and self.live[CLAIMS]))
                 and not self._relist_lock.locked())
+
+    async def _list_dra(self) -> tuple[tuple[list[dict[str, Any]], str],
+                                       tuple[list[dict[str, Any]], str]] | None:
+        """ResourceSlices and ResourceClaims, or ``None`` when DRA is off here (decided at
+        the first list: no ``resource.k8s.io/v1`` or no right to list them)."""
+        if self.dra is False:
+            return None
+        try:
+            slices = await self.api.list(SLICES)
+            claims = await self.api.list(CLAIMS)
+        except ApiError as e:
+            if self.dra is None and e.status in (403, 404):
+                self.dra = False
+                log.warning("DRA mode off: cannot list resource.k8s.io/v1 resourceslices and "
+                            "resourceclaims (%s); DRA pods are not ranked", e)
+                return None
+            raise
+        self.dra = True
+        return slices, claims
 
     async def relist(self) -> None:
         """List nodes and pods and rebuild the view from them."""
@@ -84,25 +115,29 @@ class Informer:
             try:
                 nodes, nrv = await self.api.list(NODES)
                 pods, prv = await self.api.list(PODS)
+                dra = await self._list_dra()
             except BaseException:
                 held, self._held = self._held, None
                 for path, kind, obj in held:
                     self.apply(path, kind, obj)
                 raise
             t0 = time.perf_counter()
-            bad = self.view.reset(nodes, pods)
+            bad = self.view.reset(nodes, pods, None if dra is None else (dra[0][0], dra[1][0]))
             if self.on_reset is not None:
                 self.on_reset(nodes, pods)
             held, self._held = self._held, None
-            listed = {NODES: _rv_int(nrv), PODS: _rv_int(prv)}
+            at = {NODES: nrv, PODS: prv}
+            if dra is not None:
+                at |= {SLICES: dra[0][1], CLAIMS: dra[1][1]}
+            listed = {path: _rv_int(rv) for path, rv in at.items()}
             for path, kind, obj in held:
-                at, rv = listed[path], _rv_int(_rv(obj))
-                if at is None or rv is None or rv > at:
+                was, rv = listed.get(path), _rv_int(_rv(obj))
+                if was is None or rv is None or rv > was:
                     self.apply(path, kind, obj)
             if self.metrics is not None:
                 self.metrics.rebuild_seconds.set(time.perf_counter() - t0)
                 self.metrics.relists.labels("all").inc()
-            for path, at_rv in ((NODES, nrv), (PODS, prv)):
+            for path, at_rv in at.items():
                 if (_rv_int(self.rv[path]) or 0) < (_rv_int(at_rv) or 0):
                     self.rv[path] = at_rv
             if bad:
@@ -112,7 +147,11 @@ class Informer:
         if self._held is not None:
             self._held.append((path, kind, obj))
             return
-        if path == NODES:
+        if path == SLICES:
+            (self.view.delete_slice if kind == "DELETED" else self.view.upsert_slice)(obj)
+        elif path == CLAIMS:
+            (self.view.delete_claim if kind == "DELETED" else self.view.upsert_claim)(obj)
+        elif path == NODES:
             if kind == "DELETED":
                 self.view.delete_node(str((obj.get("metadata") or {}).get("name") or ""))
             else:
@@ -254,6 +293,9 @@ class Informer:
             if node in fresh.index:
                 with contextlib.suppress(PlacementError):
                     fresh.charge_unseen(req, node)
+        for req, node, alloc in view.dra_holds():  # allocated DRA claims, as a rebuild does
+            with contextlib.suppress(PlacementError, KeyError):
+                fresh.hold(req, node, alloc)
         for r in view.inflight.values():
             with contextlib.suppress(PlacementError, KeyError):
                 fresh.reserve(r.request, r.node, r.alloc, check_host=False)

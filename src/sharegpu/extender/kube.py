@@ -18,6 +18,8 @@ from lightkube.config.client_adapter import ConnectionParams
 
 PODS = "/api/v1/pods"
 NODES = "/api/v1/nodes"
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"  # DRA mode (issue 21)
+CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
 
 
 class ApiError(Exception):

@@ -132,24 +132,26 @@ class ExtenderApp:
                 wire.error_filter_result("sharegpu extender: cluster state not ready"))
         try:
             req = self.view.reader.request(args.pod)
+            # a DRA pod: its claims' capacity requests, scored on DRA nodes (bound plainly)
+            scored = self._dra(args.pod, req)
         except ValidationError as e:
             msg = f"invalid GPU request: {e}"
             self._event(args.pod, REASON_INVALID, msg)
             self.metrics.decided("filter", "invalid")
             return json_response(wire.filter_result(args, [], {}, dict.fromkeys(args.names, msg)))
-        passed, failed, unres = self.view.filter(req, args.names)
+        passed, failed, unres = self.view.filter(scored, args.names)
         if self.units is not None:
             passed = self.units.restrict(args.pod, passed, unres)
         passed_json = wire.names_json(passed) if args.nodes is None else None
-        if passed and req.wants_gpu:
+        if passed and scored.wants_gpu:
             if self.binder is not None:
                 self.binder.hint(args.pod, req)
             # kube-scheduler runs its own score plugins before it asks prioritize: score the
             # passing nodes meanwhile, once this answer is on its way
             expected = (wire.prioritize_body(request.body, passed_json)
                         if passed_json is not None else None)
-            asyncio.get_running_loop().call_soon(self._score_ahead, req, passed, expected)
-        if req.wants_gpu and not passed:
+            asyncio.get_running_loop().call_soon(self._score_ahead, scored, passed, expected)
+        if scored.wants_gpu and not passed:
             from .events import summarize
 
             self._event(args.pod, REASON_UNSCHEDULABLE,
@@ -171,13 +173,20 @@ class ExtenderApp:
             self.metrics.failed("prioritize", "bad-payload")
             return json_response({"Error": str(e)}, status=400)
         try:
-            req = self.view.reader.request(args.pod)
+            req = self._dra(args.pod, self.view.reader.request(args.pod))
         except ValidationError:
             self.metrics.decided("prioritize", "invalid")
             return json_response(wire.priority_list(dict.fromkeys(args.names, 0)))
         scores = self.view.prioritize(req, args.names)
         self.metrics.decided("prioritize", "ok")
         return Response(200, self._encode(scores))
+
+    def _dra(self, pod: Any, req: PodRequest) -> PodRequest:
+        """The request to place: a DRA pod's claims (:meth:`ClusterView.dra_request`), else
+        the pod's own."""
+        if req.wants_gpu:
+            return req
+        return self.view.dra_request(pod, req) or req
 
     def _encode(self, scores: dict[str, int]) -> bytes:
         if self._encoded is not None and self._encoded[0] is scores:

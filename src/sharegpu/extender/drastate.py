@@ -1,0 +1,383 @@
+"""DRA mode in the extender's view (issue 21 item 4): the GPUs of DRA nodes from their
+ResourceSlices, the shares allocated ResourceClaims hold on them, and a DRA pod's claims read
+as the GPU request the policy scores. A part of :class:`~.cache.ClusterCache`; synchronous and
+free of I/O (the informer feeds it ``resourceslices`` and ``resourceclaims`` events).
+
+- **Nodes.** A node in the DRA pool advertises no device-plugin GPU resources; its GPU row is
+  built from its slice of driver ``gpu.sharegpu.io`` (:func:`sharegpu.drashares.slice_gpus`:
+  each device's ``memory`` capacity in GiB, the ``mode`` attribute) with the Node's CPU, memory
+  and labels. A node with a slice is a DRA node even when it also shows device-plugin GPUs.
+- **Claims.** Every claim of the driver is read once per event: its requests
+  (:func:`~sharegpu.drashares.claim_requests`) and, once allocated, its shares
+  (:func:`~sharegpu.drashares.claim_shares`: ``consumedCapacity`` per GPU), held in the
+  state under the key ``<namespace>/claim:<name>`` (a pod name cannot hold ``:``) next to the
+  device-plugin pods, with no rule checked (the allocation is a fact). A changed allocation
+  is released and held again; a deleted or deallocated claim is released. Nothing scans pods.
+- **A DRA pod** (``spec.resourceClaims`` naming claims of the driver, directly or through a
+  template whose generated claim ``status.resourceClaimStatuses`` names) asks, per claim
+  request, ``count`` GPUs with its ``memory`` (GiB, the 1 GiB step) and ``cores`` (rounded up
+  to the 5 % step, at least 5 %: every claim consumes at least the request policy's minimum) —
+  a :class:`DraPodRequest`, scored by the policy only on DRA nodes. A pod whose claims are all
+  known, not yet allocated and of this driver is ranked; otherwise (a claim not seen yet, one
+  already allocated, a whole-GPU request) it passes every node with score 0 as before.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .. import dra, names
+from ..annotations import Allocation
+from ..drashares import DraRequest, claim_requests, claim_shares, slice_gpus
+from ..errors import PlacementError, ValidationError
+from ..hostresources import node_allocatable
+from ..modes import Mode, node_placement, parse_mode
+from ..request import ContainerRequest, Kind, PodRequest
+from ..state import ClusterState, NodeSpec
+
+CLAIM_KEY = "claim:"  # state keys of claims: <namespace>/claim:<name>
+CORE_STEP = 5  # the ``cores`` request policy's step and minimum (resourceslices.py)
+NOT_IN_POOL = (f"node has no ResourceSlice of driver {dra.DRIVER}: a pod whose GPUs are "
+               "ResourceClaims can only go to a node of the DRA pool")
+IN_POOL = (f"node serves its GPUs through DRA (ResourceSlice of {dra.DRIVER}): it has no "
+           "device-plugin GPU resources for this pod")
+
+
+@dataclass(frozen=True, slots=True)
+class DraPodRequest(PodRequest):
+    """A DRA pod's claims as a GPU request: one container per claim request (``count`` GPUs of
+    ``memory`` GiB and ``cores`` percent each). Feasible only on DRA nodes."""
+
+
+@dataclass(frozen=True)
+class ClaimRecord:
+    uid: str
+    requests: tuple[DraRequest, ...]
+    problem: str  # why a request of the driver cannot be read ('' when all can)
+    allocated: bool
+    # held shares: (node, GPU index, GiB, cores percent); GiB None = the whole GPU
+    shares: tuple[tuple[str, int, int | None, int], ...]
+
+
+def _strip_node(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """What building a node's spec reads (not its images, conditions ...)."""
+    meta = obj.get("metadata") or {}
+    status = obj.get("status") or {}
+    return {"metadata": {k: meta.get(k) for k in ("name", "labels", "annotations")},
+            "status": {k: status.get(k) for k in ("allocatable", "capacity", "addresses")}}
+
+
+def _cores(core: int) -> int:
+    return max(CORE_STEP, math.ceil(core / CORE_STEP) * CORE_STEP)
+
+
+class DraCache:
+    """DRA slices and claims of :class:`~.cache.ClusterCache` (its ``state``, ``specs``,
+    ``scheduler``, ``upsert_node`` ... come from there)."""
+
+    state: ClusterState
+    specs: dict[str, NodeSpec]
+    _nodes_version: int
+    _problem: Callable[[str, str], None]
+    upsert_node: Callable[[Mapping[str, Any]], None]
+
+    def _init_dra(self, driver: str = dra.DRIVER) -> None:
+        self.dra_driver = driver
+        self.slices: dict[str, tuple[str, dict[int, int], str]] = {}  # node -> (slice, GiB, mode)
+        self._slice_node: dict[str, str] = {}  # slice name -> node
+        self._node_objs: dict[str, dict[str, Any]] = {}  # every node, stripped
+        self.dra_slots: dict[str, dict[int, int]] = {}  # DRA node -> {GPU index: state slot}
+        self.claims: dict[str, ClaimRecord] = {}  # namespace/name -> record
+        self.claim_held: dict[str, tuple[PodRequest, str, Allocation]] = {}  # state key ->
+        self._claims_on: dict[str, set[str]] = {}  # node -> keys of claims allocated there
+        self._pool: tuple[Any, ...] | None = None
+
+    # -- nodes ---------------
+    def _dra_spec(self, obj: Mapping[str, Any], spec: NodeSpec | None) -> NodeSpec | None:
+        """``spec`` (from the Node's device-plugin resources) or, for a node with a slice of
+        the driver, the node's GPUs from the slice."""
+        name = str((obj.get("metadata") or {}).get("name") or "")
+        if name:
+            self._node_objs[name] = _strip_node(obj)
+        got = self.slices.get(name)
+        if got is None:
+            self.dra_slots.pop(name, None)
+            return spec
+        sname, mem, mode_attr = got
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        try:
+            mode = parse_mode(mode_attr) if mode_attr else Mode.CGPU
+            cpu, mem_mib, _ = node_allocatable(obj)
+            indexes = sorted(mem)
+            out = NodeSpec(name=name, gpu_mem=[mem[g] for g in indexes], mode=mode,
+                           placement=node_placement(labels, mode),
+                           model=str(labels.get(names.LABEL_CARD_NAME, "")),
+                           cpu_milli=cpu, mem_mib=mem_mib,
+                           address=spec.address if spec is not None else "")
+        except ValidationError as e:
+            self._problem(f"node/{name}", f"ResourceSlice {sname} not used: {e}")
+            self.dra_slots.pop(name, None)
+            return spec
+        self.dra_slots[name] = {g: j for j, g in enumerate(indexes)}
+        return out
+
+    def _refresh_node(self, node: str) -> None:
+        obj = self._node_objs.get(node)
+        if obj is None:
+            return  # applied when the Node appears
+        self.upsert_node(obj)
+        if node in self.state.index:
+            self._hold_node_claims(node)
+
+    def _forget_node(self, name: str) -> None:
+        self._node_objs.pop(name, None)
+        self.dra_slots.pop(name, None)
+
+    # -- slices ---------------
+    def _read_slice(self, obj: Mapping[str, Any]) -> tuple[str, str | None]:
+        """(slice name, node it publishes for this driver or None)."""
+        sname = str((obj.get("metadata") or {}).get("name") or "")
+        got, warnings = slice_gpus(obj, self.dra_driver)
+        for w in warnings:
+            self._problem(f"resourceslice/{sname}", w)
+        if got is None or not got.mem_gib:
+            return sname, None
+        self.slices[got.node] = (sname, dict(got.mem_gib), got.mode)
+        return sname, got.node
+
+    def upsert_slice(self, obj: Mapping[str, Any]) -> None:
+        old = self._slice_node.get(str((obj.get("metadata") or {}).get("name") or ""))
+        sname, node = self._read_slice(obj)
+        if node is None:
+            self.delete_slice(obj)
+            return
+        self._slice_node[sname] = node
+        if old is not None and old != node:
+            self._drop_slice(sname, old)
+        self._refresh_node(node)
+
+    def delete_slice(self, obj: Mapping[str, Any]) -> None:
+        sname = str((obj.get("metadata") or {}).get("name") or "")
+        node = self._slice_node.pop(sname, None)
+        if node is not None:
+            self._drop_slice(sname, node)
+
+    def _drop_slice(self, sname: str, node: str) -> None:
+        got = self.slices.get(node)
+        if got is not None and got[0] == sname:
+            del self.slices[node]
+            obj = self._node_objs.get(node)
+            if obj is not None:
+                self.upsert_node(obj)  # back to its device-plugin view (or none)
+                if node in self.state.index:
+                    self._hold_node_claims(node)
+
+    # -- claims ---------------
+    def _read_claim(self, obj: Mapping[str, Any]) -> tuple[str, ClaimRecord]:
+        meta = obj.get("metadata") or {}
+        key = f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
+        reqs, warnings = claim_requests(obj, self.dra_driver)
+        shares, share_warnings = claim_shares(obj, self.dra_driver)
+        for w in share_warnings:
+            self._problem(f"resourceclaim/{key}", w)
+        status = obj.get("status")
+        alloc = status.get("allocation") if isinstance(status, Mapping) else None
+        return key, ClaimRecord(
+            uid=str(meta.get("uid") or ""), requests=tuple(reqs), problem="; ".join(warnings),
+            allocated=isinstance(alloc, Mapping),
+            shares=tuple((s.node, s.gpu, s.mem_gib, s.core or 0) for s in shares))
+
+    def upsert_claim(self, obj: Mapping[str, Any]) -> None:
+        key, rec = self._read_claim(obj)
+        old = self.claims.get(key)
+        self.claims[key] = rec
+        if old is not None and old.shares == rec.shares and old.uid == rec.uid:
+            return
+        self._index_claim(key, old, rec)
+        self._release_claim(key)
+        self._hold_claim(key, rec)
+
+    def _index_claim(self, key: str, old: ClaimRecord | None, new: ClaimRecord | None) -> None:
+        for rec, add in ((old, False), (new, True)):
+            for node in {s[0] for s in rec.shares} if rec is not None else ():
+                on = self._claims_on.setdefault(node, set())
+                if add:
+                    on.add(key)
+                else:
+                    on.discard(key)
+                    if not on:
+                        del self._claims_on[node]
+
+    def delete_claim(self, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        key = f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
+        self._index_claim(key, self.claims.pop(key, None), None)
+        self._release_claim(key)
+
+    @staticmethod
+    def _state_key(key: str) -> tuple[str, str]:
+        ns, _, name = key.partition("/")
+        return ns, CLAIM_KEY + name
+
+    def _claim_hold(self, key: str, rec: ClaimRecord, state: ClusterState
+                    ) -> list[tuple[PodRequest, str, Allocation]]:
+        """What ``rec`` holds, per node known to ``state`` (a claim's results are on one
+        node: its pool)."""
+        by_node: dict[str, list[tuple[int, int | None, int]]] = {}
+        for node, gpu, mem, core in rec.shares:
+            by_node.setdefault(node, []).append((gpu, mem, core))
+        ns, name = self._state_key(key)
+        out = []
+        for node, shares in by_node.items():
+            slots = self.dra_slots.get(node)
+            i = state.index.get(node)
+            if slots is None or i is None:
+                continue  # held when the node's slice and Node are both known
+            containers, mem_of, core_of = [], {}, {}
+            for j, (gpu, mem, core) in enumerate(shares):
+                slot = slots.get(gpu)
+                if slot is None:
+                    self._problem(f"resourceclaim/{key}", f"allocated on {node} gpu-{gpu}, "
+                                  "which the node's ResourceSlice does not list; not counted")
+                    continue
+                if mem is None:  # the whole GPU
+                    mem, core = int(state.gpu_total[i, slot]), dra.CORES_PER_GPU
+                containers.append(ContainerRequest(j, gpu_mem=mem, gpu_core=core))
+                mem_of[j] = {slot: mem}
+                if core:
+                    core_of[j] = {slot: core}
+            if containers:
+                req = PodRequest(ns, name, Kind.SHARED, tuple(containers), uid=rec.uid)
+                out.append((req, node, Allocation(mem=mem_of, core=core_of)))
+        return out
+
+    def _hold_claim(self, key: str, rec: ClaimRecord) -> None:
+        for req, node, alloc in self._claim_hold(key, rec, self.state)[:1]:
+            try:
+                self.state.hold(req, node, alloc)
+            except PlacementError as e:
+                self._problem(f"resourceclaim/{key}", f"not counted: {e}")
+                continue
+            self.claim_held[req.key] = (req, node, alloc)
+
+    def _release_claim(self, key: str) -> None:
+        skey = "/".join(self._state_key(key))
+        held = self.claim_held.pop(skey, None)
+        if held is None:
+            return
+        if skey in self.state.pods:
+            self.scheduler.release(skey)  # type: ignore[attr-defined]
+
+    def _hold_node_claims(self, node: str) -> None:
+        """After a node (re)appears: hold the claims allocated there. O(claims) once per node
+        that joins; events of one claim touch that claim alone."""
+        for key in list(self._claims_on.get(node, ())):
+            skey = "/".join(self._state_key(key))
+            if skey not in self.state.pods:
+                self.claim_held.pop(skey, None)
+                self._hold_claim(key, self.claims[key])
+
+    # -- rebuild ---------------
+    def _dra_load(self, slices: Iterable[Mapping[str, Any]],
+                  claims: Iterable[Mapping[str, Any]]) -> None:
+        """Start a rebuild from listed slices and claims (nodes are read next)."""
+        self.slices, self._slice_node = {}, {}
+        for obj in slices:
+            sname, node = self._read_slice(obj)
+            if node is not None:
+                self._slice_node[sname] = node
+        self.claims, self._claims_on = {}, {}
+        for obj in claims:
+            key, rec = self._read_claim(obj)
+            self._index_claim(key, self.claims.get(key), rec)
+            self.claims[key] = rec
+
+    def _dra_hold_all(self, state: ClusterState) -> None:
+        """Hold every allocated claim in a rebuilt ``state`` (after the pods' records)."""
+        self.claim_held = {}
+        for key, rec in self.claims.items():
+            for req, node, alloc in self._claim_hold(key, rec, state)[:1]:
+                try:
+                    state.hold(req, node, alloc)
+                except PlacementError as e:
+                    self._problem(f"resourceclaim/{key}", f"not counted: {e}")
+                    continue
+                self.claim_held[req.key] = (req, node, alloc)
+
+    def dra_holds(self) -> list[tuple[PodRequest, str, Allocation]]:
+        """Every claim the state holds (the consistency check adds them to its rebuild)."""
+        return list(self.claim_held.values())
+
+    # -- a DRA pod's request ---------------
+    def dra_request(self, pod: Mapping[str, Any], base: PodRequest) -> DraPodRequest | None:
+        """The GPU request of a pod whose GPUs are ResourceClaims of the driver, or ``None``
+        when it is not ranked (no such claim, a claim not seen yet or already allocated, a
+        whole-GPU request). Raises ValidationError naming the field when a claim of the
+        driver cannot be read."""
+        spec = pod.get("spec") if isinstance(pod, Mapping) else None
+        entries = spec.get("resourceClaims") if isinstance(spec, Mapping) else None
+        if not entries or not self.slices:
+            return None
+        if not isinstance(entries, list):
+            raise ValidationError("spec.resourceClaims", entries, "must be a list")
+        status = pod.get("status") if isinstance(pod.get("status"), Mapping) else {}
+        made = status.get("resourceClaimStatuses") or []
+        generated = {s["name"]: s.get("resourceClaimName") for s in made
+                     if isinstance(s, Mapping) and isinstance(s.get("name"), str)
+                     } if isinstance(made, list) else {}
+        ns = base.namespace
+        containers: list[ContainerRequest] = []
+        for i, e in enumerate(entries):
+            if not isinstance(e, Mapping):
+                raise ValidationError(f"spec.resourceClaims[{i}]", e, "must be an object")
+            claim = e.get("resourceClaimName")
+            if not claim and e.get("resourceClaimTemplateName"):
+                claim = generated.get(e.get("name")) if isinstance(e.get("name"), str) else None
+                if not claim:
+                    return None  # the claim controller has not made it yet
+            if not isinstance(claim, str) or not claim:
+                continue
+            rec = self.claims.get(f"{ns}/{claim}")
+            if rec is None:
+                return None  # not seen yet: kube-scheduler waits for it; not ranked
+            if rec.problem:
+                raise ValidationError(f"spec.resourceClaims[{i}] (ResourceClaim {ns}/{claim})",
+                                      claim, rec.problem)
+            if rec.allocated:
+                return None  # its node is decided; DynamicResources keeps the pod there
+            for r in rec.requests:
+                if r.mem_gib is None:
+                    return None  # a whole GPU: not ranked
+                containers.append(ContainerRequest(len(containers), name=f"{claim}/{r.request}",
+                                                   gpu_mem=r.mem_gib, gpu_core=_cores(r.core),
+                                                   gpus=r.count))
+        if not containers:
+            return None
+        return DraPodRequest(base.namespace, base.name, Kind.SHARED, tuple(containers),
+                             base.uid, base.cpu_milli, base.mem_mib, labels=base.labels)
+
+    # -- the pool ---------------
+    def pool_mask(self, req: PodRequest, slots: Any) -> Any:
+        """Which node ``slots`` can serve ``req`` by how they serve GPUs: a DRA request only
+        DRA nodes, a device-plugin request only the others (``None``: all, no DRA node)."""
+        import numpy as np
+
+        if not self.dra_slots:
+            return None
+        stamp = (id(self.state), self._nodes_version, self.state.n)
+        if self._pool is None or self._pool[0] != stamp:
+            mask = np.zeros(self.state.n + 1, dtype=bool)  # the last: unknown names
+            index = self.state.index
+            for node in self.dra_slots:
+                i = index.get(node)
+                if i is not None:
+                    mask[i] = True
+            self._pool = (stamp, mask)
+        mask = self._pool[1][slots]
+        return mask if isinstance(req, DraPodRequest) else ~mask
+
+    def pool_reason(self, req: PodRequest) -> str:
+        return NOT_IN_POOL if isinstance(req, DraPodRequest) else IN_POOL
