@@ -1183,3 +1183,13 @@ def test_podgroup_crd_and_the_extenders_right_to_read_it():
     off = render(None, KUBE, "gang.installPodGroupCRD=false")
     assert [d["metadata"]["name"] for d in off if d["kind"] == "CustomResourceDefinition"] == [
         "resourcepolicies.scheduling.alibabacloud.com"]
+
+
+def test_the_extender_watches_dra_objects_only_in_dra_mode():
+    """Without agent.dra.enabled the extender is not told --dra, so it never asks for
+    ResourceSlices or ResourceClaims (it has no right to); with it, it is."""
+    plain = args_of(one(render(None), "Deployment", "extender"))
+    assert "--dra" not in plain
+    dra = args_of(one(render(None, "1.34.0", "agent.dra.enabled=true"), "Deployment",
+                      "extender"))
+    assert "--dra" in dra

@@ -354,3 +354,32 @@ def test_the_http_filter_answers_dra_pods_and_never_fails_on_bad_ones():
         got = ask(p)
         assert "Error" not in got or not got["Error"], got
 
+
+
+def test_not_in_dra_mode_the_extender_never_asks_for_dra_objects(fake_api: Any, caplog) -> None:
+    from sharegpu.extender.informer import Informer
+    from sharegpu.extender.kube import CLAIMS, SLICES, KubeApi
+
+    fake_api.create(kobjects.node("n1", [16], "cgpu"))
+    asked: list[str] = []
+
+    class Recording(KubeApi):
+        async def list(self, path: str, limit: int = 500):
+            asked.append(path)
+            return await super().list(path, limit)
+
+    async def go() -> None:
+        view = ClusterView()
+        api = Recording(KubeApi.from_url(fake_api.url).http)
+        inf = Informer(api, view, check_every=0, backoff=0.05, dra=False)
+        await inf.start()
+        try:
+            await inf.relist()
+            assert inf.dra is False and "n1" in view.state.index and view.synced
+        finally:
+            await inf.stop()
+            await api.close()
+
+    asyncio.run(go())
+    assert asked and SLICES not in asked and CLAIMS not in asked
+    assert not [r for r in caplog.records if "DRA" in r.message]

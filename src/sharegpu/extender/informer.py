@@ -43,7 +43,9 @@ class Informer:
                  check_every: float = 300.0, backoff: float = 0.5,
                  on_event: Callable[[str, str, dict[str, Any]], None] | None = None,
                  on_reset: Callable[[list[dict[str, Any]], list[dict[str, Any]]], None]
-                 | None = None) -> None:
+                 | None = None, dra: bool = True) -> None:
+        """``dra``: list and watch ResourceSlices and ResourceClaims (DRA mode); when False
+        they are never asked for."""
         self.api = api
         self.view = view
         self.metrics = metrics
@@ -55,7 +57,7 @@ class Informer:
         # whether each watch is streaming now (not resuming after a drop, not relisting)
         self.live = {PODS: False, NODES: False, SLICES: False, CLAIMS: False}
         # whether DRA objects are listed and watched: None until the first list tells
-        self.dra: bool | None = None
+        self.dra: bool | None = None if dra else False
         self.ready = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._relist_lock = asyncio.Lock()

@@ -53,7 +53,7 @@ class Replica:
                  graded_scores: bool = False, advertise_url: str = "",
                  forward_timeout: float = 8.0, http_limits: dict[str, Any] | None = None,
                  forward_tls: ssl.SSLContext | None = None, forward_server_name: str = "",
-                 start_wait: float = 5.0) -> None:
+                 start_wait: float = 5.0, dra: bool = False) -> None:
         self.api = api
         self.identity = identity
         self.view = ClusterView(policy, graded=graded_scores)
@@ -61,7 +61,8 @@ class Replica:
         # ResourcePolicy: the policies (watched) and the pods per unit (from the informer)
         self.units = ResourcePolicies()
         self.informer = Informer(api, self.view, self.metrics, check_every=check_every,
-                                 on_event=self.units.on_event, on_reset=self.units.reset)
+                                 on_event=self.units.on_event, on_reset=self.units.reset,
+                                 dra=dra)
         self.elector: LeaderElector | None = None
         if elect:
             self.elector = LeaderElector(
