@@ -302,3 +302,38 @@ def test_webhook_over_https_as_the_api_server_calls_it(tmp_path: Path) -> None:
             await runner.cleanup()
 
     asyncio.run(go())
+
+
+def test_a_translated_gpu_count_pod_is_read_as_a_claim_pod_everywhere() -> None:
+    """Found end to end (tests/e2e/test_dra_end_to_end_real.py): the webhook keeps the
+    ``aliyun.com/gpu-count`` label on a pod it translated, and every reader of ACK's pod spec
+    (the extender's filter, inspect) refused it for that label
+    ("needs a container that asks for aliyun.com/gpu-mem"), so the extender filtered every
+    gpu-count 2 DRA pod out of every node. The webhook's annotation makes the label a note."""
+    from sharegpu.extender.reader import PlacementReader
+    from sharegpu.request import RULE_COUNT_NEEDS_MEM, Kind, parse_pod
+
+    pod = dra_pod(mem=8, gpu_count=2)
+    tr = translate(pod, POOL)
+    assert tr is not None
+    out = apply_patch(pod, tr.patch)
+    assert out["metadata"]["labels"]["aliyun.com/gpu-count"] == "2"
+    assert draclaims.ANNOTATION in out["metadata"]["annotations"]
+    req = parse_pod(out)
+    assert req.kind is Kind.NONE and not req.wants_gpu
+    reader = PlacementReader()
+    assert reader.request(out).kind is Kind.NONE
+    # the same pod without the webhook's note is still refused, also through the reader's
+    # cache of pod shapes (the note is part of its key)
+    bare = json.loads(json.dumps(out))
+    del bare["metadata"]["annotations"][draclaims.ANNOTATION]
+    with pytest.raises(ValidationError) as e:
+        parse_pod(bare)
+    assert RULE_COUNT_NEEDS_MEM in str(e.value)
+    with pytest.raises(ValidationError):
+        reader.request(bare)
+    # a pod that still asks for gpu-mem keeps every rule, with or without the note
+    half = dra_pod(mem=5, gpu_count=2)
+    half["metadata"]["annotations"] = {draclaims.ANNOTATION: "{}"}
+    with pytest.raises(ValidationError):
+        parse_pod(half)

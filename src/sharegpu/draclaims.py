@@ -37,7 +37,7 @@ CLAIM_PREFIX: Final = "sharegpu-c"  # + container index: the pod's claim for tha
 TEMPLATE_PREFIX: Final = "sharegpu-"
 SHAREABLE: Final = "device.allowMultipleAllocations == true"
 DISTINCT: Final = f"{dra.DRIVER}/uuid"
-ANNOTATION: Final = "sharegpu.io/dra-claims"  # {claim: template} the webhook added
+ANNOTATION: Final = names.ANN_DRA_CLAIMS  # {claim: template} the webhook added
 MANAGED_BY: Final = "sharegpu-webhook"
 
 RULE_AMBIGUOUS = ("must name the DRA pool label in every required nodeSelectorTerm, or in none "

@@ -27,6 +27,9 @@ ALL_GPU_RESOURCES: Final = (
 # --- pod labels ------------------------------------------------------------------------------
 POD_LABEL_GPU_COUNT: Final = "aliyun.com/gpu-count"
 
+# --- DRA mode: the mutating webhook's note on a pod it turned into ResourceClaims --------------
+ANN_DRA_CLAIMS: Final = "sharegpu.io/dra-claims"  # {claim: template}
+
 # --- pod annotations, first generation (open-source gpushare extender) ------------------------
 ANN_MEM_IDX: Final = "ALIYUN_COM_GPU_MEM_IDX"
 ANN_MEM_DEV: Final = "ALIYUN_COM_GPU_MEM_DEV"

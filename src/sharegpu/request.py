@@ -244,10 +244,21 @@ def _parse_core(f: str, v: Any) -> int:
     return n
 
 
-def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
+def _translated(meta: Mapping[str, Any]) -> bool:
+    """The DRA webhook translated this pod (its annotation ``sharegpu.io/dra-claims``): its
+    GPUs come from ResourceClaims and its ``aliyun.com/gpu-count`` label is only a note."""
+    anns = meta.get("annotations")
+    return isinstance(anns, Mapping) and names.ANN_DRA_CLAIMS in anns
+
+
+def parse_pod(pod: Mapping[str, Any], *, dra_note: bool = True) -> PodRequest:
     """Parse and validate a Kubernetes pod object (a dict as the API server returns it).
 
-    Raises :class:`ValidationError` naming the field, the value and the rule.
+    Raises :class:`ValidationError` naming the field, the value and the rule. With
+    ``dra_note`` (the default) a pod the DRA webhook translated (annotation
+    ``sharegpu.io/dra-claims``) that asks for no ``aliyun.com/gpu-mem`` is a pod without GPU
+    request even with the ``aliyun.com/gpu-count`` label (it is only a note there); the
+    validating webhook without DRA mode passes ``False`` and refuses the label as ever.
     """
     if not isinstance(pod, Mapping):
         raise ValidationError("pod", type(pod).__name__, "must be a JSON object")
@@ -312,7 +323,9 @@ def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
             raise ValidationError(
                 f"spec.containers[{i}].resources", k.value, RULE_NO_MIX_POD.format(other=kind.value)
             )
-    if gpu_count is not None and kind not in (Kind.SHARED, Kind.SHARED_CORE):
+    if gpu_count is not None and kind is Kind.NONE and dra_note and _translated(meta):
+        pass  # a pod the webhook turned into ResourceClaims: its gpu-count label is a note
+    elif gpu_count is not None and kind not in (Kind.SHARED, Kind.SHARED_CORE):
         raise ValidationError(
             f'metadata.labels["{names.POD_LABEL_GPU_COUNT}"]', str(gpu_count), RULE_COUNT_NEEDS_MEM
         )

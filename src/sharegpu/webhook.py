@@ -74,7 +74,7 @@ def _check_pod(pod: Mapping[str, Any], schedulers: frozenset[str] | None,
         if pool is not None and draclaims.bound_for_pool(pod, pool):
             problem_e = draclaims.untranslated(pod, pool)
             return (True, "") if problem_e is None else (False, str(problem_e))
-        request = parse_pod(pod)
+        request = parse_pod(pod, dra_note=pool is not None)
     except ValidationError as e:
         return False, str(e)
     problem = scheduler_problem(pod, request.kind, schedulers)

@@ -46,7 +46,10 @@ class PlacementReader:
         try:
             spec = obj["spec"]
             labels = obj["metadata"].get("labels") or {}
-            parts: list[Any] = [labels.get(names.POD_LABEL_GPU_COUNT)]
+            anns = obj["metadata"].get("annotations") or {}
+            # a translated DRA pod's gpu-count label is a note (request._translated)
+            parts: list[Any] = [labels.get(names.POD_LABEL_GPU_COUNT),
+                                names.ANN_DRA_CLAIMS in anns]
             for c in spec["containers"]:
                 res = c.get("resources") or {}
                 lim, req = res.get("limits") or {}, res.get("requests") or {}
