@@ -99,22 +99,9 @@ def review(body: Any, schedulers: frozenset[str] | None = None,
                               "must be strings")
     allowed, message = True, ""
     if kind == "Pod" and operation == "CREATE":
-        pod = req.get("object")
-        if not isinstance(pod, Mapping):
-            raise ValidationError("request.object", pod, "must be a Pod object")
-        pod = dict(pod)
-        meta = dict(pod.get("metadata") or {})
-        meta.setdefault("namespace", req.get("namespace") or "default")
-        pod["metadata"] = meta
-        allowed, message = _check_pod(pod, schedulers, pool)
+        allowed, message = _check_pod(_reviewed_object(req, "Pod"), schedulers, pool)
     elif kind == POLICY_KIND and operation in ("CREATE", "UPDATE"):
-        obj = req.get("object")
-        if not isinstance(obj, Mapping):
-            raise ValidationError("request.object", obj, "must be a ResourcePolicy object")
-        obj = dict(obj)
-        meta = dict(obj.get("metadata") or {}) if isinstance(obj.get("metadata"), Mapping) else {}
-        meta.setdefault("namespace", req.get("namespace") or "default")
-        obj["metadata"] = meta
+        obj = _reviewed_object(req, POLICY_KIND)  # malformed review: a 400, not a refusal
         try:
             parse_policy(obj)
         except ValidationError as e:
@@ -124,6 +111,18 @@ def review(body: Any, schedulers: frozenset[str] | None = None,
         response["status"] = {"code": 422, "reason": "Invalid", "message": message}
     return {"apiVersion": body.get("apiVersion", API_VERSION), "kind": "AdmissionReview",
             "response": response}
+
+
+def _reviewed_object(req: Mapping[str, Any], kind: str) -> dict[str, Any]:
+    """The review's object (a copy), its namespace defaulted from the request's."""
+    obj = req.get("object")
+    if not isinstance(obj, Mapping):
+        raise ValidationError("request.object", obj, f"must be a {kind} object")
+    out = dict(obj)
+    meta = dict(out.get("metadata") or {}) if isinstance(out.get("metadata"), Mapping) else {}
+    meta.setdefault("namespace", req.get("namespace") or "default")
+    out["metadata"] = meta
+    return out
 
 
 class TemplateStore(Protocol):
@@ -150,13 +149,8 @@ async def mutate(body: Any, pool: Pool | None, store: TemplateStore | None) -> d
            "response": response}
     if pool is None or kind != "Pod" or req.get("operation", "CREATE") != "CREATE":
         return out
-    pod = req.get("object")
-    if not isinstance(pod, Mapping):
-        raise ValidationError("request.object", pod, "must be a Pod object")
-    pod = dict(pod)
-    meta = dict(pod.get("metadata") or {}) if isinstance(pod.get("metadata"), Mapping) else {}
-    meta.setdefault("namespace", req.get("namespace") or "default")
-    pod["metadata"] = meta
+    pod = _reviewed_object(req, "Pod")
+    meta = pod["metadata"]
     try:
         tr = draclaims.translate(pod, pool)
         if tr is not None and store is not None and not req.get("dryRun"):
