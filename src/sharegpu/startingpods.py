@@ -31,7 +31,6 @@ the kubelet has allocated it, which ends its starting. Pure bookkeeping: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from . import names
@@ -140,20 +139,16 @@ class StartingPods:
         if not at:
             self._nodes.pop(node, None)
 
-    def conflict(self, node: str, req: PodRequest, alloc: Allocation,
-                 among: Iterable[str] | None = None) -> Conflict | None:
-        """The first starting pod on ``node`` (of ``among`` when given) that the kubelet could
-        not tell from ``req`` placed as ``alloc``, or ``None``."""
+    def conflict(self, node: str, req: PodRequest, alloc: Allocation) -> Conflict | None:
+        """The first starting pod on ``node`` that the kubelet could not tell from ``req``
+        placed as ``alloc``, or ``None``."""
         at = self._nodes.get(node)
         if not at:
             return None
-        only = set(among) if among is not None else None
         grant = pod_grant(req, alloc)
         for a in first_requests(req):
             for pod, theirs in (at.get(a) or {}).items():
-                if pod == req.key or (only is not None and pod not in only):
-                    continue
-                if theirs != grant:
+                if pod != req.key and theirs != grant:
                     return Conflict(pod, a)
         return None
 

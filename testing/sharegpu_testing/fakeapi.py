@@ -41,6 +41,9 @@ from typing import Any
 import yaml
 from aiohttp import web
 
+from sharegpu import names
+from sharegpu.annotations import assigned_patch, is_assigned
+
 from . import resources as res
 from . import status as st
 from .faults import Faults
@@ -51,11 +54,6 @@ from .selectors import SelectorError, parse_field_selector, parse_label_selector
 from .store import Obj, Store
 from .tls import make_certificates
 from .watchstream import serve_watch
-
-# what sharegpu's agent writes on a pod once the kubelet allocated its devices
-ANN_ALLOCATION = "scheduler.framework.gpushare.allocation"
-ANN_ASSIGNED = "scheduler.framework.gpushare.assigned"
-ANN_MEM_ASSIGNED = "ALIYUN_COM_GPU_MEM_ASSIGNED"
 
 _log = logging.getLogger(__name__)
 
@@ -164,13 +162,13 @@ class FakeApiServer:
         """The node's kubelet admitted the pod and the agent marked it assigned."""
         cur = self.store.find(res.POD, namespace, name)
         ann = ((cur or {}).get("metadata") or {}).get("annotations") or {}
-        if not ann.get(ANN_ALLOCATION) or ann.get(ANN_ASSIGNED) == "true":
+        if not ann.get(names.ANN_ALLOCATION) or is_assigned(ann):
             return  # no sharegpu decision, or already marked
 
         def mutate(pod: Obj | None) -> Obj:
             assert pod is not None
             pod.setdefault("metadata", {}).setdefault("annotations", {}).update(
-                {ANN_ASSIGNED: "true", ANN_MEM_ASSIGNED: "true"})
+                assigned_patch())
             return pod
 
         with contextlib.suppress(st.StatusError):  # deleted meanwhile
