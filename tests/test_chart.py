@@ -63,11 +63,16 @@ def one(docs, kind, name_part=""):
 
 
 def pods_hook(vwc):
-    """The pod webhook of the chart's ValidatingWebhookConfiguration (the other one checks
-    ResourcePolicies)."""
-    assert [w["name"] for w in vwc["webhooks"]] == [
-        "pods.validate.sharegpu.io", "resourcepolicies.validate.sharegpu.io"]
+    """The pod webhook of the chart's ValidatingWebhookConfiguration (the second one checks
+    ResourcePolicies; with agent.dra.enabled two more check claims and templates)."""
+    names = [w["name"] for w in vwc["webhooks"]]
+    assert names[:2] == ["pods.validate.sharegpu.io", "resourcepolicies.validate.sharegpu.io"]
+    assert names[2:] in ([], CLAIM_HOOKS)
     return vwc["webhooks"][0]
+
+
+CLAIM_HOOKS = ["resourceclaims.validate.sharegpu.io",
+               "resourceclaimtemplates.validate.sharegpu.io"]
 
 
 # --- lint, render, schema validation -------------------------------------------------------
@@ -456,6 +461,65 @@ def test_dra_mutating_webhook_only_for_the_pool_and_fails_closed():
     from sharegpu.draclaims import Pool
 
     assert Pool.parse("sharegpu.io/dra=true", "gpu.sharegpu.io") == Pool()
+
+
+def test_dra_claims_webhook_sees_only_the_deviceclass_and_fails_closed():
+    """agent.dra.enabled: users' own ResourceClaims and ResourceClaimTemplates of the chart's
+    DeviceClass go to /validate (docs/dra.md); the matchConditions send nothing else, so an
+    outage of the webhook never holds up another driver's claims."""
+    import celpy
+
+    assert not [w for w in one(render(None), "ValidatingWebhookConfiguration")["webhooks"]
+                if w["name"] in CLAIM_HOOKS]
+    docs = render(None, "1.37.0", *DRA)
+    vwc = one(docs, "ValidatingWebhookConfiguration", "webhook")
+    pods = pods_hook(vwc)
+    hooks = {w["name"]: w for w in vwc["webhooks"] if w["name"] in CLAIM_HOOKS}
+    assert list(hooks) == CLAIM_HOOKS
+    env = celpy.Environment()
+    for resource, hook in zip(("resourceclaims", "resourceclaimtemplates"), hooks.values(),
+                              strict=True):
+        assert hook["rules"] == [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
+                                  "operations": ["CREATE"], "resources": [resource],
+                                  "scope": "Namespaced"}]
+        assert hook["failurePolicy"] == "Fail" and hook["sideEffects"] == "None"
+        assert hook["clientConfig"] == pods["clientConfig"]  # /validate of the same Service
+        assert hook["admissionReviewVersions"] == ["v1"]
+        assert "namespaceSelector" not in hook  # every namespace: the webhook uses no claim
+        (cond,) = hook["matchConditions"]
+        prog = env.program(env.compile(cond["expression"]))
+
+        def sent(spec, prog=prog, resource=resource):
+            obj = {"metadata": {"name": "x"},
+                   "spec": spec if resource == "resourceclaims" else {"spec": spec}}
+            return bool(prog.evaluate({"object": celpy.json_to_cel(obj)}))
+
+        def exactly(cls):
+            return {"name": "r", "exactly": {"deviceClassName": cls, "count": 1}}
+
+        def first(*classes):
+            return {"name": "f", "firstAvailable": [
+                {"name": f"s{i}", "deviceClassName": c} for i, c in enumerate(classes)]}
+
+        assert sent({"devices": {"requests": [exactly("gpu.sharegpu.io")]}})
+        assert sent({"devices": {"requests": [exactly("nic.example.com"),
+                                              exactly("gpu.sharegpu.io")]}})
+        assert sent({"devices": {"requests": [first("nic.example.com", "gpu.sharegpu.io")]}})
+        assert not sent({"devices": {"requests": [exactly("nic.example.com")]}})
+        assert not sent({"devices": {"requests": [first("nic.example.com")]}})
+        assert not sent({"devices": {"requests": [exactly("gpu.sharegpu.io.other")]}})
+        assert not sent({"devices": {}})
+        assert not sent({})
+    # the DeviceClass follows agent.dra.driver; failurePolicy follows webhook.failurePolicy
+    custom = one(render(None, "1.37.0", *DRA, "agent.dra.driver=gpu.example.com",
+                        "webhook.failurePolicy=Ignore"), "ValidatingWebhookConfiguration")
+    for w in custom["webhooks"][2:]:
+        assert "'gpu.example.com'" in w["matchConditions"][0]["expression"]
+        assert "gpu.sharegpu.io" not in w["matchConditions"][0]["expression"]
+        assert w["failurePolicy"] == "Ignore"
+    cm = one(render("cert-manager.yaml", "1.37.0", *DRA), "ValidatingWebhookConfiguration")
+    assert [w["name"] for w in cm["webhooks"]][2:] == CLAIM_HOOKS
+    assert all("caBundle" not in w["clientConfig"] for w in cm["webhooks"])
 
 
 def test_dra_pool_deviceclass_rbac_and_agent_flags(tmp_path):

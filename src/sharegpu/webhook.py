@@ -1,7 +1,11 @@
 """The admission webhook. Validating: GPU requests that break a SPEC §2 rule are refused at
 submission, with the message of :func:`sharegpu.request.parse_pod` (one set of rules for the
 webhook, the extender and the simulator); ResourcePolicies (created or updated) that break a rule
-of :func:`sharegpu.resourcepolicy.parse_policy` are refused with its message.
+of :func:`sharegpu.resourcepolicy.parse_policy` are refused with its message. In DRA mode,
+``resource.k8s.io/v1`` ResourceClaims and ResourceClaimTemplates (created) that ask sharegpu's
+DeviceClass for what its GPUs cannot give (a size off the step, an unknown capacity...) are
+refused with the message of :func:`sharegpu.claimrules.check`, and its warnings are answered as
+AdmissionReview ``warnings``.
 
 POST ``/validate`` takes an ``admission.k8s.io/v1`` AdmissionReview and answers one. It fails
 closed: the sample configuration uses ``failurePolicy: Fail``, and a review this service cannot
@@ -23,7 +27,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from . import draclaims, names
+from . import claimrules, draclaims, names
 from .draclaims import Pool
 from .errors import ValidationError
 from .request import Kind, parse_pod
@@ -98,6 +102,7 @@ def review(body: Any, schedulers: frozenset[str] | None = None,
         raise ValidationError("request.kind.kind/request.operation", "",
                               "must be strings")
     allowed, message = True, ""
+    warnings: tuple[str, ...] = ()
     if kind == "Pod" and operation == "CREATE":
         allowed, message = _check_pod(_reviewed_object(req, "Pod"), schedulers, pool)
     elif kind == POLICY_KIND and operation in ("CREATE", "UPDATE"):
@@ -106,7 +111,17 @@ def review(body: Any, schedulers: frozenset[str] | None = None,
             parse_policy(obj)
         except ValidationError as e:
             allowed, message = False, f"ResourcePolicy refused: {e}"
+    elif kind in claimrules.KINDS and gvk.get("group") == claimrules.GROUP and \
+            operation == "CREATE" and pool is not None:
+        if gvk.get("version") != claimrules.VERSION:  # read as v1 otherwise: not a pass
+            raise ValidationError("request.kind.version", gvk.get("version"),
+                                  f"must be {claimrules.VERSION}: the webhook reads "
+                                  f"{claimrules.GROUP}/{claimrules.VERSION} {kind}s")
+        verdict = claimrules.check(kind, _reviewed_object(req, kind), pool.device_class)
+        allowed, message, warnings = verdict.allowed, verdict.message, verdict.warnings
     response: dict[str, Any] = {"uid": req["uid"], "allowed": allowed}
+    if warnings:
+        response["warnings"] = list(warnings)
     if not allowed:
         response["status"] = {"code": 422, "reason": "Invalid", "message": message}
     return {"apiVersion": body.get("apiVersion", API_VERSION), "kind": "AdmissionReview",
@@ -260,7 +275,8 @@ async def _validate(request: web.Request) -> web.Response:
         name = req.get("name") or meta.get("name") or f"{meta.get('generateName') or ''}*"
         user = (req.get("userInfo") or {}).get("username", "") if isinstance(
             req.get("userInfo"), dict) else ""
-        what = "ResourcePolicy" if (req.get("kind") or {}).get("kind") == POLICY_KIND else "pod"
+        kind = (req.get("kind") or {}).get("kind") if isinstance(req.get("kind"), dict) else None
+        what = kind if kind in (POLICY_KIND, *claimrules.KINDS) else "pod"
         log.info("refused %s %s/%s%s: %s", what, req.get("namespace") or meta.get("namespace", ""),
                  name, f" (from {user})" if user else "", out["response"]["status"]["message"])
     return web.Response(text=json.dumps(out), content_type="application/json")

@@ -447,15 +447,24 @@ class ControlPlane:
         self, method: str, path: str, body: Any = None, timeout: float = 10
     ) -> tuple[int, str]:
         """One HTTP request to the API server as the admin; returns (status, body text)."""
+        status, _, text = self.request_with_warnings(method, path, body, timeout)
+        return status, text
+
+    def request_with_warnings(
+        self, method: str, path: str, body: Any = None, timeout: float = 10
+    ) -> tuple[int, list[str], str]:
+        """As :meth:`request`, with the ``Warning`` headers of the answer (admission webhooks'
+        warnings, as kubectl prints them)."""
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.server + path, data=data, method=method)
         if data is not None:
             req.add_header("Content-Type", "application/json")
         try:
             with urllib.request.urlopen(req, context=self._admin_ssl, timeout=timeout) as resp:
-                return resp.status, resp.read().decode(errors="replace")
+                return (resp.status, resp.headers.get_all("Warning") or [],
+                        resp.read().decode(errors="replace"))
         except urllib.error.HTTPError as e:
-            return e.code, e.read().decode(errors="replace")
+            return e.code, e.headers.get_all("Warning") or [], e.read().decode(errors="replace")
 
     # -- lifecycle ----------------------------------------------------------------------------
 

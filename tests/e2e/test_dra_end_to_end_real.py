@@ -163,7 +163,8 @@ def cluster(controlplane: ControlPlane, controlplane_binary: Path,
             wait_for(f"the slice of {c.nodes[key]}", lambda k=key: cp.request(
                 "GET", f"{RA}/resourceslices/{c.nodes[k]}-{DRIVER}")[0] == 200, timeout=60)
 
-        # the chart's pod webhooks, served by `sharegpu webhook` with the chart's arguments
+        # the chart's pod webhooks (and, DRA, those of claims and templates), served by
+        # `sharegpu webhook` with the chart's arguments
         mwc = next(d for d in docs if d["kind"] == "MutatingWebhookConfiguration")
         vwc = next(d for d in docs if d["kind"] == "ValidatingWebhookConfiguration")
         hook = mwc["metadata"]["name"]
@@ -182,7 +183,8 @@ def cluster(controlplane: ControlPlane, controlplane_binary: Path,
         for cfg, path, kind in ((mwc, "/mutate", "mutatingwebhookconfigurations"),
                                 (vwc, "/validate", "validatingwebhookconfigurations")):
             mine = copy.deepcopy(cfg)
-            mine["webhooks"] = [w for w in mine["webhooks"] if w["name"].startswith("pods.")]
+            mine["webhooks"] = [w for w in mine["webhooks"] if w["name"].startswith(
+                ("pods.", "resourceclaims.", "resourceclaimtemplates."))]
             for w in mine["webhooks"]:
                 w["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca}
             base = f"/apis/admissionregistration.k8s.io/v1/{kind}"

@@ -80,10 +80,13 @@ class Dra:
 def dra(controlplane: ControlPlane) -> Iterator[Dra]:
     ns = f"{RELEASE}-{uuid.uuid4().hex[:6]}"
     # a second release in a cluster that may have the chart's CRDs from another one: installed
-    # without them (resourcePolicy.installCRD, gang.installPodGroupCRD; values.yaml)
+    # without them (resourcePolicy.installCRD, gang.installPodGroupCRD; values.yaml). No
+    # webhook: no kubelet runs its pods here, and with DRA its claims webhook (failurePolicy
+    # Fail) would refuse this test's ResourceClaims of the DeviceClass (test_dra_webhook_real
+    # runs it)
     install_chart(controlplane, ns, release=RELEASE, values={
         "agent.dra.enabled": "true", "resourcePolicy.installCRD": "false",
-        "gang.installPodGroupCRD": "false"})
+        "gang.installPodGroupCRD": "false", "webhook.enabled": "false"})
     d = Dra(controlplane, ns)
     try:
         yield d

@@ -16,6 +16,11 @@ kube-scheduler v1.37.2, default feature gates): ACK's pod spec keeps working on 
   of ``consumedCapacity`` stays within its capacity, every gpu-count 2 pod has 2 distinct GPUs.
 - A pod larger than any GPU stays Pending with kube-scheduler's reason in its FailedScheduling
   Event; bad pods are refused naming the field and the rule, and nothing else changes.
+- The chart's validating webhooks for ResourceClaims and ResourceClaimTemplates are registered
+  too (every claim above, made by the resourceclaim controller from the webhook's templates,
+  passes them): a user's claim off the 1Gi or 5 % step is refused at creation naming the field
+  and the rule, a good one is admitted and allocated, and a claim of another DeviceClass is
+  never sent to the webhook (it is created while the webhook process is stopped).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import ssl
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -83,13 +88,32 @@ def gpu_pod(name: str, mem: int | str | None, *, core: int | None = None,
             "spec": spec}
 
 
+def user_claim(name: str, capacity: dict[str, str] | None = None, *, cls: str = DRIVER,
+               count: int = 1, template: bool = False) -> dict[str, Any]:
+    """A claim (or template) a user writes by hand: one request of ``cls``."""
+    exactly: dict[str, Any] = {
+        "deviceClassName": cls, "allocationMode": "ExactCount", "count": count,
+        "selectors": [{"cel": {"expression": "device.allowMultipleAllocations == true"}}]}
+    if capacity:
+        exactly["capacity"] = {"requests": capacity}
+    spec = {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}
+    if template:
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": name}, "spec": {"spec": spec}}
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name}, "spec": spec}
+
+
 def qty_bytes(q: str) -> int:
     return int(q[:-2]) * GIB if q.endswith("Gi") else int(q)
 
 
 class Env:
-    def __init__(self, cp: ControlPlane, ns: str, nodes: dict[str, str]) -> None:
-        self.cp, self.ns, self.nodes = cp, ns, nodes
+    def __init__(self, cp: ControlPlane, ns: str, nodes: dict[str, str], suffix: str,
+                 webhook: SharegpuProcess, healthz: Callable[[], None]) -> None:
+        self.cp, self.ns, self.nodes, self.suffix = cp, ns, nodes, suffix
+        self.webhook = webhook
+        self.healthz = healthz  # waits until the webhook process answers
 
 
 @pytest.fixture(scope="module")
@@ -149,13 +173,20 @@ def env(controlplane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) ->
         args.append(f"--kubeconfig={kubeconfig}")
         proc = SharegpuProcess(cp, f"drawh-{suffix}", args).start()
         ctx = ssl.create_default_context(cafile=str(certs.ca_cert))
-        proc.wait_http(f"https://127.0.0.1:{port}/healthz", timeout=30, context=ctx)
+
+        def healthz(proc: SharegpuProcess = proc) -> None:
+            proc.wait_http(f"https://127.0.0.1:{port}/healthz", timeout=30, context=ctx)
+
+        healthz()
         ca = base64.b64encode(certs.ca_cert.read_bytes()).decode()
         for cfg, path, kind in ((mwc, "/mutate", "mutatingwebhookconfigurations"),
                                 (vwc, "/validate", "validatingwebhookconfigurations")):
             mine = copy.deepcopy(cfg)
             mine["metadata"]["name"] = f"{hook_name}-e2e-{suffix}"
-            mine["webhooks"] = [w for w in mine["webhooks"] if w["name"].startswith("pods.")]
+            # the pod webhooks and, with DRA, those of claims and templates (no ResourcePolicy
+            # CRD here)
+            mine["webhooks"] = [w for w in mine["webhooks"] if w["name"].startswith(
+                ("pods.", "resourceclaims.", "resourceclaimtemplates."))]
             for w in mine["webhooks"]:
                 w["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca}
             base = f"/apis/admissionregistration.k8s.io/v1/{kind}"
@@ -167,7 +198,11 @@ def env(controlplane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) ->
         wait_for("the API server to call the mutating webhook", lambda: (
             r := post(cp, f"/api/v1/namespaces/{ns}/pods?dryRun=All", probe))[0] == 201
             and r[1]["spec"].get("resourceClaims"), timeout=30, every=0.2)
-        yield Env(cp, ns, nodes)
+        off_step = user_claim("probe", {"memory": "4.5Gi"})
+        wait_for("the API server to call the claims webhook", lambda: post(
+            cp, f"{RA}/namespaces/{ns}/resourceclaims?dryRun=All", off_step)[0] >= 400,
+            timeout=30, every=0.2)
+        yield Env(cp, ns, nodes, suffix, proc, healthz)
     finally:
         if proc is not None:
             proc.stop()
@@ -351,3 +386,111 @@ def test_bad_pods_are_refused_naming_field_and_rule(env: Env) -> None:
     assert code == 201, body
     assert body["spec"]["resourceClaims"] == own["spec"]["resourceClaims"]
     assert "sharegpu.io/dra-claims" not in (body["metadata"].get("annotations") or {})
+
+
+def test_users_own_claims_are_checked_at_creation(env: Env) -> None:
+    """A user's ResourceClaim / ResourceClaimTemplate of the DeviceClass off the step is refused
+    by the chart's claims webhook, through the API server, naming the field and the rule; a good
+    one is admitted and kube-scheduler allocates it; another class's claim never reaches the
+    webhook (created while it is stopped), while one of ours then fails closed."""
+    from lightkube.generic_resource import create_namespaced_resource
+    from lightkube.types import PatchType
+
+    cp, ns = env.cp, env.ns
+    admin = Client(KubeConfig.from_file(cp.admin_kubeconfig))
+    rc = create_namespaced_resource("resource.k8s.io", "v1", "ResourceClaim", "resourceclaims")
+    rct = create_namespaced_resource("resource.k8s.io", "v1", "ResourceClaimTemplate",
+                                     "resourceclaimtemplates")
+    field = "spec.devices.requests[0].exactly.capacity.requests"
+    refused = {
+        "memory 4.5Gi": (rc, user_claim("half-gib", {"memory": "4.5Gi"}),
+                         f"{field}.memory=", "must be a whole number of GiB: the driver's "
+                         "memory is consumed in steps of 1Gi", "would consume 5Gi"),
+        "cores 12": (rc, user_claim("cores-12", {"memory": "2Gi", "cores": "12"}),
+                     f"{field}.cores='12'", "must be a whole multiple of 5 from 5 to 100",
+                     "12 would consume 15"),
+        "a capacity the GPUs do not publish": (
+            rc, user_claim("gpus", {"gpus": "1"}), f'{field}["gpus"]',
+            "is not a capacity of DeviceClass gpu.sharegpu.io", "never allocated"),
+        "a template off the step": (
+            rct, user_claim("tmpl-1500mi", {"memory": "1500Mi"}, template=True),
+            f"spec.{field}.memory='1500Mi'", "must be a whole number of GiB",
+            "would consume 2Gi"),
+    }
+    before = {p: len(get(cp, f"{RA}/namespaces/{ns}/{p}")["items"])
+              for p in ("resourceclaims", "resourceclaimtemplates")}
+    for case, (res, obj, *wanted) in refused.items():
+        with pytest.raises(ApiError) as e:
+            admin.create(res.from_dict(obj), namespace=ns)
+        message = e.value.status.message or ""
+        print(f"\n{case}: HTTP {e.value.status.code}: {message}")
+        assert e.value.status.code == 422, case
+        assert "resourceclaim" in message and "validate.sharegpu.io" in message, message
+        for part in wanted:
+            assert part in message, (case, part)
+    assert before == {p: len(get(cp, f"{RA}/namespaces/{ns}/{p}")["items"])
+                      for p in ("resourceclaims", "resourceclaimtemplates")}
+
+    # admitted; count 2 without distinctAttribute: admitted with the webhook's warning
+    code, warnings, text = cp.request_with_warnings(
+        "POST", f"{RA}/namespaces/{ns}/resourceclaims?dryRun=All",
+        user_claim("two", {"memory": "2Gi"}, count=2))
+    print(f"count 2 without distinctAttribute: HTTP {code}, warnings {warnings}")
+    assert code == 201, text
+    assert len(warnings) == 1 and "distinctAttribute: gpu.sharegpu.io/uuid" in warnings[0]
+
+    # a good claim of the user's, on a node of its own (tainted: no other test's pod goes there)
+    node = create_node(admin, f"e2e-drawh-own-{env.suffix}",
+                       labels={"ack.node.gpu.schedule": "cgpu", **POOL})
+    admin.patch(Node, node, {"spec": {"taints": [
+        {"key": "e2e.sharegpu.io/own-claims", "value": "only", "effect": "NoSchedule"}]}},
+        patch_type=PatchType.MERGE)
+    gpu = SliceGpu(0, f"GPU-own-{env.suffix}", "Tesla T4", 8 * 1024, 8)
+    code, body = post(cp, f"{RA}/resourceslices", build_slice(node, [gpu], Mode.CGPU))
+    assert code == 201, body
+    slice_path = f"{RA}/resourceslices/{body['metadata']['name']}"
+    try:
+        good = admin.create(rc.from_dict(user_claim("mine", {"memory": "3Gi", "cores": "20"})),
+                            namespace=ns)
+        assert good.metadata.name == "mine"
+        pod = gpu_pod("own-claim-user", None, selector={**POOL, "kubernetes.io/hostname": node},
+                      extra={"resourceClaims": [{"name": "g", "resourceClaimName": "mine"}],
+                             "tolerations": [{"key": "e2e.sharegpu.io/own-claims",
+                                              "operator": "Exists"}]})
+        pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "g"}]}
+        code, body = post(cp, f"/api/v1/namespaces/{ns}/pods", pod)
+        assert code == 201, body
+        claim = wait_for("kube-scheduler to allocate the user's claim", lambda: (
+            c := get(cp, f"{RA}/namespaces/{ns}/resourceclaims/mine")).get(
+                "status", {}).get("allocation") and c, timeout=60)
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        print(f"user's claim allocated: {result['pool']}/{result['device']} "
+              f"{result.get('consumedCapacity')}")
+        assert (result["pool"], result["device"]) == (node, "gpu-0")
+        assert result["consumedCapacity"] == {"memory": "3Gi", "cores": "20"}
+        assert wait_for("the pod bound", lambda: get(
+            cp, f"/api/v1/namespaces/{ns}/pods/own-claim-user")["spec"].get("nodeName"),
+            timeout=30) == node
+
+        # the webhook stopped: another class's claim is created (never sent: matchConditions),
+        # one of sharegpu's class is refused (failurePolicy Fail)
+        env.webhook.stop()
+        t0 = time.monotonic()
+        code, body = post(cp, f"{RA}/namespaces/{ns}/resourceclaims",
+                          user_claim("nic", {"memory": "4.5Gi"}, cls="nic.example.com"))
+        print(f"other DeviceClass, webhook down: HTTP {code} in {time.monotonic() - t0:.2f}s")
+        assert code == 201, body
+        code, body = post(cp, f"{RA}/namespaces/{ns}/resourceclaims",
+                          user_claim("ours-while-down", {"memory": "1Gi"}))
+        print(f"sharegpu's DeviceClass, webhook down: HTTP {code}: {body.get('message')}")
+        assert code >= 500 and "resourceclaims.validate.sharegpu.io" in body["message"], body
+        assert cp.request("GET", f"{RA}/namespaces/{ns}/resourceclaims/ours-while-down")[0] \
+            == 404
+    finally:
+        if not env.webhook.alive():
+            env.webhook.start()
+            env.healthz()
+        cp.request("DELETE", f"/api/v1/namespaces/{ns}/pods/own-claim-user?gracePeriodSeconds=0")
+        cp.request("DELETE", slice_path)
+        with contextlib.suppress(ApiError):
+            admin.delete(Node, node)
