@@ -112,6 +112,28 @@ def test_cores_and_gpu_count_with_distinct_uuids() -> None:
     kubernetes_validate.validate(t, "1.37.0", strict=True)
 
 
+def test_another_driver_name_keeps_its_own_attribute_distinct() -> None:
+    """With ``agent.dra.driver`` renamed, the slices' attributes are qualified by that name:
+    the template's constraint must name it (a constraint on an attribute no device has keeps
+    the claim from ever being allocated), and the claim rules accept it."""
+    from sharegpu import claimrules
+
+    pool = Pool(POOL.key, POOL.value, "gpu.example.com")
+    tr = translate(dra_pod(mem=8, gpu_count=2), pool)
+    assert tr is not None
+    (t,) = tr.templates
+    assert t["spec"]["spec"]["devices"]["constraints"] == [
+        {"requests": ["gpu"], "distinctAttribute": "gpu.example.com/uuid"}]
+    verdict = claimrules.check_template(t, "gpu.example.com")
+    assert verdict.refusals == () and not any("distinct" in w for w in verdict.warnings)
+    # the default driver's attribute is not one of this driver's devices
+    assert any("distinct" in w for w in claimrules.check_template(
+        {**t, "spec": {"spec": {**t["spec"]["spec"], "devices": {
+            **t["spec"]["spec"]["devices"], "constraints": [
+                {"requests": ["gpu"], "distinctAttribute": "gpu.sharegpu.io/uuid"}]}}}},
+        "gpu.example.com").warnings)
+
+
 def test_two_gpu_containers_and_the_pods_own_claims_pass_through() -> None:
     pod = dra_pod(containers=[{"aliyun.com/gpu-mem": "3"}, {}, {"aliyun.com/gpu-mem": "3"}])
     own = {"name": "mine", "resourceClaimName": "nic-claim"}

@@ -69,8 +69,13 @@ CLAIM: Final = "ResourceClaim"
 TEMPLATE: Final = "ResourceClaimTemplate"
 KINDS: Final = (CLAIM, TEMPLATE)
 CAPACITIES: Final = (dra.CAPACITY_MEMORY, dra.CAPACITY_CORES)
-# attributes that differ between any two GPUs of one node (a claim's devices are on one node)
-DISTINCT_ATTRIBUTES: Final = (f"{dra.DRIVER}/uuid", f"{dra.DRIVER}/index")
+
+
+def distinct_attributes(device_class: str = dra.DRIVER) -> tuple[str, str]:
+    """Attributes that differ between any two GPUs of one node (a claim's devices are on one
+    node), qualified by the driver's name, which the chart's DeviceClass bears."""
+    return (f"{device_class}/uuid", f"{device_class}/index")
+
 GIB: Final = dra.MEMORY_STEP
 
 RULE_MEMORY_STEP = ("must be a whole number of GiB: the driver's memory is consumed in steps of "
@@ -149,7 +154,7 @@ def check_devices(devices: Mapping[str, Any], at: str,
         return Verdict()
     if not isinstance(reqs, list):
         return Verdict((ValidationError(f"{at}.requests", reqs, "must be a list"),))
-    distinct = _distinct_sets(devices.get("constraints"))
+    distinct = _distinct_sets(devices.get("constraints"), device_class)
     ours: list[str] = []  # names of the requests of the class
     for i, r in enumerate(reqs):
         where = f"{at}.requests[{i}]"
@@ -189,7 +194,7 @@ def check_devices(devices: Mapping[str, Any], at: str,
             found.refusals.append(ValidationError(
                 f"{at}.constraints", devices.get("constraints") or [],
                 RULE_TWO_REQUESTS.format(names="[" + ", ".join(names) + "]", cls=device_class,
-                                         attr=DISTINCT_ATTRIBUTES[0])))
+                                         attr=distinct_attributes(device_class)[0])))
             break
     return Verdict(tuple(found.refusals), tuple(found.warnings))
 
@@ -198,13 +203,14 @@ def _pairs(names: Sequence[str]) -> list[tuple[str, str]]:
     return [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
 
 
-def _distinct_sets(constraints: Any) -> list[frozenset[str] | None]:
+def _distinct_sets(constraints: Any, device_class: str) -> list[frozenset[str] | None]:
     """The request sets kept on distinct GPUs by a ``distinctAttribute`` of a per-GPU attribute
     (``None``: the constraint names no requests, so it applies to all). Malformed entries keep
     nothing apart (a refusal or warning follows, never a pass)."""
     out: list[frozenset[str] | None] = []
     for c in constraints if isinstance(constraints, list) else []:
-        if not isinstance(c, Mapping) or c.get("distinctAttribute") not in DISTINCT_ATTRIBUTES:
+        if not isinstance(c, Mapping) or c.get("distinctAttribute") not in distinct_attributes(
+                device_class):
             continue
         names = c.get("requests")
         if not names:
@@ -239,8 +245,8 @@ def _check_request(body: Mapping[str, Any], at: str, name: str,
             _covers(d, name, parent) for d in distinct):
         found.warnings.append(
             f"{at}.count={count}: add constraints: [{{requests: [{parent or name}], "
-            f"distinctAttribute: {DISTINCT_ATTRIBUTES[0]}}}] to be sure of {count} distinct "
-            "GPUs (kube-scheduler 1.37 gives them; the API does not promise it)")
+            f"distinctAttribute: {distinct_attributes(device_class)[0]}}}] to be sure of "
+            f"{count} distinct GPUs (kube-scheduler 1.37 gives them; the API does not promise it)")
     elif mode == "All":
         found.warnings.append(
             f"{at}.allocationMode='All': takes a share of every GPU of DeviceClass "

@@ -36,7 +36,6 @@ REQUEST_NAME: Final = "gpu"
 CLAIM_PREFIX: Final = "sharegpu-c"  # + container index: the pod's claim for that container
 TEMPLATE_PREFIX: Final = "sharegpu-"
 SHAREABLE: Final = "device.allowMultipleAllocations == true"
-DISTINCT: Final = f"{dra.DRIVER}/uuid"
 ANNOTATION: Final = names.ANN_DRA_CLAIMS  # {claim: template} the webhook added
 MANAGED_BY: Final = "sharegpu-webhook"
 
@@ -157,7 +156,9 @@ def claim_template(namespace: str, shape: Shape, pool: Pool) -> dict[str, Any]:
     }
     devices: dict[str, Any] = {"requests": [{"name": REQUEST_NAME, "exactly": exactly}]}
     if shape.gpus > 1:
-        devices["constraints"] = [{"requests": [REQUEST_NAME], "distinctAttribute": DISTINCT}]
+        # attributes are qualified by the driver's name, which the chart's DeviceClass bears
+        devices["constraints"] = [{"requests": [REQUEST_NAME],
+                                   "distinctAttribute": f"{pool.device_class}/uuid"}]
     return {
         "apiVersion": API_VERSION, "kind": "ResourceClaimTemplate",
         "metadata": {"name": shape.template_name, "namespace": namespace,

@@ -141,7 +141,7 @@ def log_problems(proc: SharegpuProcess) -> list[str]:
     for line in proc.log.read_text(errors="replace").splitlines():
         if line.startswith("===="):  # the command line written by SharegpuProcess
             continue
-        if "forbidden" in line.lower() or re.search(r"(?<![,.\d])\b403\b", line):
+        if "forbidden" in line.lower() or re.search(r"(?<![,.=\d])\b403\b", line):
             bad.append(line)
     return bad
 
