@@ -20,14 +20,43 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import dra
+from .draclaims import SHAREABLE
 from .errors import ValidationError
 from .quantity import parse
 
 RESULTS = "status.allocation.devices.results"
+
+
+@dataclass(frozen=True)
+class DeviceTaint:
+    """A taint on one device of a slice (``spec.devices[].taints[]``)."""
+
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"
+
+
+@dataclass(frozen=True)
+class Toleration:
+    """A claim request's toleration of device taints (``exactly.tolerations[]``)."""
+
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""
+
+    def tolerates(self, taint: DeviceTaint) -> bool:
+        """As the API defines it: an empty key with ``Exists`` tolerates every taint; an empty
+        effect every effect; ``Equal`` also needs the same value."""
+        if self.effect and self.effect != taint.effect:
+            return False
+        if self.operator == "Exists":
+            return not self.key or self.key == taint.key
+        return self.key == taint.key and self.value == taint.value
 
 
 @dataclass(frozen=True)
@@ -37,6 +66,12 @@ class SliceGpus:
     node: str
     mem_gib: dict[int, int]  # GPU index -> GiB
     mode: str  # the devices' ``mode`` attribute ('' when absent)
+    # per GPU index, for those who need more than the memory (the extender's diagnosis of DRA
+    # pods that cannot be placed): the ``cores`` capacity (percent), whether the device allows
+    # multiple allocations (a shared GPU), and its taints
+    cores: dict[int, int] = field(default_factory=dict, compare=False)
+    shared: dict[int, bool] = field(default_factory=dict, compare=False)
+    taints: dict[int, tuple[DeviceTaint, ...]] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)
@@ -86,6 +121,9 @@ def slice_gpus(obj: Mapping[str, Any], driver: str = dra.DRIVER
     if not isinstance(devices, list):
         return None, [f"ResourceSlice {sname} left out: spec.devices must be a list"]
     mem: dict[int, int] = {}
+    cores: dict[int, int] = {}
+    shared: dict[int, bool] = {}
+    taints: dict[int, tuple[DeviceTaint, ...]] = {}
     mode = ""
     for i, d in enumerate(devices):
         at = f"ResourceSlice {sname}: spec.devices[{i}]"
@@ -104,12 +142,59 @@ def slice_gpus(obj: Mapping[str, Any], driver: str = dra.DRIVER
         except ValidationError as e:
             warnings.append(f"{e}; that GPU is left out")
             continue
+        cc = cap.get(dra.CAPACITY_CORES) if isinstance(cap, Mapping) else None
+        core = cc.get("value") if isinstance(cc, Mapping) else None
+        try:
+            cores[gpu] = dra.CORES_PER_GPU if core is None else math.floor(
+                parse(f"{at}.capacity.{dra.CAPACITY_CORES}.value", core))
+        except ValidationError as e:
+            warnings.append(f"{e}; taken as {dra.CORES_PER_GPU}")
+            cores[gpu] = dra.CORES_PER_GPU
+        shared[gpu] = d.get("allowMultipleAllocations") is True
+        taints[gpu], bad = _taints(d.get("taints"), f"{at}.taints")
+        warnings += bad
         attrs = d.get("attributes")
         m = (attrs.get("mode") or {}).get("string") if isinstance(attrs, Mapping) and \
             isinstance(attrs.get("mode"), Mapping) else None
         if isinstance(m, str) and not mode:
             mode = m
-    return SliceGpus(node, dict(sorted(mem.items())), mode), warnings
+    return SliceGpus(node, dict(sorted(mem.items())), mode, cores, shared,
+                     {g: t for g, t in taints.items() if t}), warnings
+
+
+def _taints(value: Any, at: str) -> tuple[tuple[DeviceTaint, ...], list[str]]:
+    """A device's taints; one that cannot be read is kept as a taint of key '?' (it may keep
+    claims off the device: never read as none) with a warning."""
+    if value is None:
+        return (), []
+    if not isinstance(value, list):
+        return (DeviceTaint("?"),), [f"{at}: must be a list; read as one unknown taint"]
+    out: list[DeviceTaint] = []
+    warnings: list[str] = []
+    for j, t in enumerate(value):
+        key = t.get("key") if isinstance(t, Mapping) else None
+        if not isinstance(key, str) or not key:
+            warnings.append(f"{at}[{j}].key={key!r}: must be a taint key; read as an unknown "
+                            "taint")
+            out.append(DeviceTaint("?"))
+            continue
+        val, effect = t.get("value"), t.get("effect")
+        out.append(DeviceTaint(key, val if isinstance(val, str) else "",
+                               effect if isinstance(effect, str) else "NoSchedule"))
+    return tuple(out), warnings
+
+
+def _tolerations(value: Any) -> tuple[Toleration, ...]:
+    out = []
+    for t in value if isinstance(value, list) else []:
+        if not isinstance(t, Mapping):
+            continue
+        key, op, val, effect = (t.get(k) for k in ("key", "operator", "value", "effect"))
+        out.append(Toleration(key if isinstance(key, str) else "",
+                              op if op in ("Exists", "Equal") else "Equal",
+                              val if isinstance(val, str) else "",
+                              effect if isinstance(effect, str) else ""))
+    return tuple(out)
 
 
 def claim_shares(obj: Mapping[str, Any], driver: str = dra.DRIVER
@@ -168,13 +253,25 @@ def claim_shares(obj: Mapping[str, Any], driver: str = dra.DRIVER
 @dataclass(frozen=True)
 class DraRequest:
     """One request of a claim for sharegpu GPUs, as the placement counts it: ``count`` GPUs,
-    each with ``mem_gib`` GiB (``None``: the whole GPU, no capacity asked) and ``core`` percent."""
+    each with ``mem_gib`` GiB (``None``: the whole GPU, no capacity asked) and ``core`` percent.
+
+    The rest says where it is written and what else narrows the GPUs it may take (the
+    extender's diagnosis of DRA pods that cannot be placed, :mod:`sharegpu.dradiagnosis`):
+    ``index`` in ``spec.devices.requests``, ``memory`` as written, ``distinct`` (a constraint
+    with ``distinctAttribute`` covers it: its ``count`` devices are different GPUs),
+    ``shared_only`` (the webhook's selector ``device.allowMultipleAllocations == true``) and
+    its tolerations of device taints."""
 
     claim: str
     request: str
     count: int
     mem_gib: int | None
     core: int
+    index: int = field(default=0, compare=False)
+    memory: str = field(default="", compare=False)
+    distinct: bool = field(default=False, compare=False)
+    shared_only: bool = field(default=False, compare=False)
+    tolerations: tuple[Toleration, ...] = field(default=(), compare=False)
 
 
 def claim_requests(obj: Mapping[str, Any], device_class: str = dra.DRIVER
@@ -189,6 +286,8 @@ def claim_requests(obj: Mapping[str, Any], device_class: str = dra.DRIVER
     spec = obj.get("spec") if isinstance(obj, Mapping) else None
     devices = spec.get("devices") if isinstance(spec, Mapping) else None
     reqs = devices.get("requests") if isinstance(devices, Mapping) else None
+    distinct = _distinct_requests(devices.get("constraints") if isinstance(devices, Mapping)
+                                  else None)
     out: list[DraRequest] = []
     warnings: list[str] = []
     for i, r in enumerate(reqs if isinstance(reqs, list) else []):
@@ -224,5 +323,30 @@ def claim_requests(obj: Mapping[str, Any], device_class: str = dra.DRIVER
         except ValidationError as e:
             warnings.append(str(e))
             continue
-        out.append(DraRequest(name, str(r.get("name") or ""), count, mem, core))
+        rname = str(r.get("name") or "")
+        selectors = exact.get("selectors")
+        shared_only = any(isinstance(x, Mapping) and isinstance(x.get("cel"), Mapping)
+                          and str(x["cel"].get("expression", "")).strip() == SHAREABLE
+                          for x in (selectors if isinstance(selectors, list) else []))
+        written = asked.get(dra.CAPACITY_MEMORY) if isinstance(asked, Mapping) else None
+        out.append(DraRequest(name, rname, count, mem, core, index=i,
+                              memory=str(written) if written is not None else "",
+                              distinct=distinct is True or rname in (distinct or ()),
+                              shared_only=shared_only,
+                              tolerations=_tolerations(exact.get("tolerations"))))
     return out, warnings
+
+
+def _distinct_requests(constraints: Any) -> bool | set[str]:
+    """The requests a ``distinctAttribute`` constraint covers: ``True`` for all (a constraint
+    that names no requests), else their names."""
+    names: set[str] = set()
+    for c in constraints if isinstance(constraints, list) else []:
+        if not isinstance(c, Mapping) or not c.get("distinctAttribute"):
+            continue
+        reqs = c.get("requests")
+        if not reqs:
+            return True
+        if isinstance(reqs, list):
+            names |= {r for r in reqs if isinstance(r, str)}
+    return names
