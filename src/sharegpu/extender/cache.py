@@ -150,6 +150,7 @@ class ClusterCache(DraCache, LearnedWorkload):
         reader, inflight = self.reader, self.inflight
         starting = StartingPods()
         bad = 0
+        waiting: list[tuple[str, Mapping[str, Any]]] = []  # unbound pods with claims
         for obj in pods:  # the same answers as placement_of, known_bound, unannotated_gpu_pod
             meta = obj.get("metadata") or {}
             key = f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
@@ -158,6 +159,8 @@ class ClusterCache(DraCache, LearnedWorkload):
             if is_terminated(obj):
                 continue  # holds nothing, uses nothing
             node = node_of(obj)
+            if not node and (obj.get("spec") or {}).get("resourceClaims"):
+                waiting.append((key, obj))
             if key in inflight:
                 if node:
                     on_nodes.append((key, node, *reader.host(obj)))
@@ -233,6 +236,7 @@ class ClusterCache(DraCache, LearnedWorkload):
             self._count_shape(key, req, alloc)
         self._prepare()
         self.synced = True
+        self.dra_waiting_reset(waiting)
         return bad
 
     def _charge_unseen(self, obj: Mapping[str, Any], *, notify: bool = True) -> None:
@@ -394,6 +398,7 @@ class ClusterCache(DraCache, LearnedWorkload):
         key = _key(obj)
         if self._change_logs:
             self._touch(key)
+        self.dra_pod_event(key, obj)
         if key in self.inflight:
             # being bound: the binder holds it; but the node's agent may already have marked it
             # assigned (its kubelet started it) before the binding's answer came back
@@ -451,6 +456,7 @@ class ClusterCache(DraCache, LearnedWorkload):
         key = _key(obj)
         if self._change_logs:
             self._touch(key)
+        self.dra_pod_event(key, None)
         self._shape_of.pop(key, None)  # its shape stays in the history
         self.placed.pop(key, None)
         self.inflight.pop(key, None)

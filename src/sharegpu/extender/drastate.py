@@ -20,6 +20,11 @@ free of I/O (the informer feeds it ``resourceslices`` and ``resourceclaims`` eve
   a :class:`DraPodRequest`, scored by the policy only on DRA nodes. A pod whose claims are all
   known, not yet allocated and of this driver is ranked; otherwise (a claim not seen yet, one
   already allocated, a whole-GPU request) it passes every node with score 0 as before.
+- **A DRA pod kube-scheduler cannot place** (``PodScheduled=False``, reason ``Unschedulable``,
+  not bound): :func:`sharegpu.dradiagnosis.diagnose` says which of its fields no node of the
+  pool can meet, and ``on_dra_unschedulable`` is told (the replica's leader posts the Event).
+  Only such pods are kept (``dra_waiting``), with the claims they name: asked again when one of
+  their claims or a slice changes, and dropped once they are bound, schedulable or gone.
 """
 
 from __future__ import annotations
@@ -29,9 +34,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .. import dra, names
+from .. import dra, dradiagnosis, names
 from ..annotations import Allocation
-from ..drashares import DraRequest, claim_requests, claim_shares, slice_gpus
+from ..drashares import DraRequest, SliceGpus, claim_requests, claim_shares, slice_gpus
 from ..errors import PlacementError, ValidationError
 from ..hostresources import node_allocatable
 from ..modes import Mode, node_placement, parse_mode
@@ -63,11 +68,21 @@ class ClaimRecord:
 
 
 def _strip_node(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """What building a node's spec reads (not its images, conditions ...)."""
+    """What building a node's spec reads (not its images, conditions ...), and the agent's
+    ``GPUIsolationReady`` condition when it is not ``True`` (its message says why and the fix:
+    the diagnosis of a DRA pod quotes it)."""
     meta = obj.get("metadata") or {}
     status = obj.get("status") or {}
-    return {"metadata": {k: meta.get(k) for k in ("name", "labels", "annotations")},
-            "status": {k: status.get(k) for k in ("allocatable", "capacity", "addresses")}}
+    out = {"metadata": {k: meta.get(k) for k in ("name", "labels", "annotations")},
+           "status": {k: status.get(k) for k in ("allocatable", "capacity", "addresses")}}
+    conds = status.get("conditions") if isinstance(status, Mapping) else None
+    for c in conds if isinstance(conds, list) else []:
+        if isinstance(c, Mapping) and c.get("type") == dradiagnosis.CONDITION_ISOLATION \
+                and c.get("status") != "True" and isinstance(c.get("message"), str):
+            out["isolation"] = c["message"]
+    if isinstance(obj.get("isolation"), str):  # stripped before
+        out["isolation"] = obj["isolation"]
+    return out
 
 
 def _cores(core: int) -> int:
@@ -94,6 +109,12 @@ class DraCache:
         self.claim_held: dict[str, tuple[PodRequest, str, Allocation]] = {}  # state key ->
         self._claims_on: dict[str, set[str]] = {}  # node -> keys of claims allocated there
         self._pool: tuple[Any, ...] | None = None
+        self.slice_gpus: dict[str, SliceGpus] = {}  # DRA node -> its slice as read
+        # DRA pods kube-scheduler found unschedulable: key -> (pod, the message last given)
+        self.dra_waiting: dict[str, tuple[Mapping[str, Any], str]] = {}
+        self._waiting_on: dict[str, set[str]] = {}  # claim key -> keys of such pods
+        # told (pod, message) when such a pod fits no node of the pool (the replica's Event)
+        self.on_dra_unschedulable: Callable[[Mapping[str, Any], str], None] | None = None
 
     # -- nodes ---------------
     def _dra_spec(self, obj: Mapping[str, Any], spec: NodeSpec | None) -> NodeSpec | None:
@@ -146,6 +167,7 @@ class DraCache:
         if got is None or not got.mem_gib:
             return sname, None
         self.slices[got.node] = (sname, dict(got.mem_gib), got.mode)
+        self.slice_gpus[got.node] = got
         return sname, got.node
 
     def upsert_slice(self, obj: Mapping[str, Any]) -> None:
@@ -158,17 +180,20 @@ class DraCache:
         if old is not None and old != node:
             self._drop_slice(sname, old)
         self._refresh_node(node)
+        self.dra_recheck()
 
     def delete_slice(self, obj: Mapping[str, Any]) -> None:
         sname = str((obj.get("metadata") or {}).get("name") or "")
         node = self._slice_node.pop(sname, None)
         if node is not None:
             self._drop_slice(sname, node)
+            self.dra_recheck()
 
     def _drop_slice(self, sname: str, node: str) -> None:
         got = self.slices.get(node)
         if got is not None and got[0] == sname:
             del self.slices[node]
+            self.slice_gpus.pop(node, None)
             obj = self._node_objs.get(node)
             if obj is not None:
                 self.upsert_node(obj)  # back to its device-plugin view (or none)
@@ -194,6 +219,9 @@ class DraCache:
         key, rec = self._read_claim(obj)
         old = self.claims.get(key)
         self.claims[key] = rec
+        if key in self._waiting_on and old != rec:
+            for pod in list(self._waiting_on[key]):
+                self._diagnose(pod)
         if old is not None and old.shares == rec.shares and old.uid == rec.uid:
             return
         self._index_claim(key, old, rec)
@@ -284,7 +312,7 @@ class DraCache:
     def _dra_load(self, slices: Iterable[Mapping[str, Any]],
                   claims: Iterable[Mapping[str, Any]]) -> None:
         """Start a rebuild from listed slices and claims (nodes are read next)."""
-        self.slices, self._slice_node = {}, {}
+        self.slices, self._slice_node, self.slice_gpus = {}, {}, {}
         for obj in slices:
             sname, node = self._read_slice(obj)
             if node is not None:
@@ -358,6 +386,84 @@ class DraCache:
             return None
         return DraPodRequest(base.namespace, base.name, Kind.SHARED, tuple(containers),
                              base.uid, base.cpu_milli, base.mem_mib, labels=base.labels)
+
+    # -- DRA pods kube-scheduler cannot place ---------------
+    def dra_pod_event(self, key: str, obj: Mapping[str, Any] | None,
+                      said: str | None = None) -> None:
+        """A pod's event (``None``: deleted). Cheap for every pod that names no claim.
+        ``said``: the message last given for it (default: what this view gave)."""
+        spec = obj.get("spec") if obj is not None else None
+        if obj is None or not isinstance(spec, Mapping) or not spec.get("resourceClaims") \
+                or spec.get("nodeName") or not dradiagnosis.is_unschedulable(obj):
+            if key in self.dra_waiting:
+                self._stop_waiting(key)
+            return
+        if said is None:
+            old = self.dra_waiting.get(key)
+            said = old[1] if old is not None else ""
+        self._stop_waiting(key)
+        ns = (obj.get("metadata") or {}).get("namespace") or "default"
+        self.dra_waiting[key] = (obj, said)
+        for _, _, claim in dradiagnosis.pod_claims(obj):
+            if claim:
+                self._waiting_on.setdefault(f"{ns}/{claim}", set()).add(key)
+        self._diagnose(key)
+
+    def dra_waiting_reset(self, pods: Iterable[tuple[str, Mapping[str, Any]]]) -> None:
+        """After a rebuild: the unbound pods with claims, from the list."""
+        old = self.dra_waiting
+        self.dra_waiting, self._waiting_on = {}, {}
+        for key, obj in pods:
+            self.dra_pod_event(key, obj, old[key][1] if key in old else "")
+
+    def dra_recheck(self, *, again: bool = False) -> None:
+        """Ask again for every waiting pod (a slice changed; ``again``: tell even an unchanged
+        message, for a replica that has just become the leader). O(waiting pods)."""
+        for key in list(self.dra_waiting):
+            self._diagnose(key, again=again)
+
+    def _stop_waiting(self, key: str) -> None:
+        got = self.dra_waiting.pop(key, None)
+        if got is None:
+            return
+        ns = (got[0].get("metadata") or {}).get("namespace") or "default"
+        for _, _, claim in dradiagnosis.pod_claims(got[0]):
+            on = self._waiting_on.get(f"{ns}/{claim}")
+            if on is not None:
+                on.discard(key)
+                if not on:
+                    del self._waiting_on[f"{ns}/{claim}"]
+
+    def dra_pool(self) -> tuple[list[dradiagnosis.PoolNode], list[dradiagnosis.OtherNode]]:
+        """The DRA pool as this view knows it (nodes with a slice and a Node), and the other
+        nodes."""
+        pool, others = [], []
+        for name, obj in self._node_objs.items():
+            labels = (obj.get("metadata") or {}).get("labels") or {}
+            got = self.slice_gpus.get(name)
+            if got is not None:
+                pool.append(dradiagnosis.pool_node(name, labels, got,
+                                                   str(obj.get("isolation") or "")))
+            else:
+                others.append(dradiagnosis.OtherNode(name, labels, name in self.specs))
+        return pool, others
+
+    def _diagnose(self, key: str, *, again: bool = False) -> None:
+        got = self.dra_waiting.get(key)
+        if got is None:
+            return
+        pod, said = got
+        try:
+            reasons = dradiagnosis.diagnose(pod, self.claims, *self.dra_pool())
+        except Exception as e:  # never let one odd pod stop the watch
+            self._problem(key, f"DRA diagnosis failed: {type(e).__name__}: {e}")
+            return
+        text = dradiagnosis.message(reasons) if reasons else ""
+        self.dra_waiting[key] = (pod, text)
+        if text and (text != said or again):
+            self._problem(key, text)
+            if self.on_dra_unschedulable is not None:
+                self.on_dra_unschedulable(pod, text)
 
     # -- the pool ---------------
     def pool_mask(self, req: PodRequest, slots: Any) -> Any:

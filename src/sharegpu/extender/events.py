@@ -21,6 +21,8 @@ REASON_UNSCHEDULABLE = "GPUSharingUnschedulable"
 REASON_BIND_FAILED = "GPUSharingBindFailed"
 REASON_INVALID = "GPUSharingInvalidRequest"
 REASON_UNANNOTATED = "GPUSharingNoDecision"  # a bound GPU pod the extender did not place
+# a DRA pod kube-scheduler found unschedulable and no node of the DRA pool can take as it is
+REASON_DRA_UNSCHEDULABLE = "GPUSharingDRAUnschedulable"
 COMPONENT = "sharegpu-extender"
 
 

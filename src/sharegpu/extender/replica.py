@@ -25,7 +25,7 @@ import httpx2 as httpx
 
 from ..aio import cancel_all
 from .bind import Binder
-from .events import REASON_UNANNOTATED, EventRecorder
+from .events import REASON_DRA_UNSCHEDULABLE, REASON_UNANNOTATED, EventRecorder
 from .httpserver import HttpServer
 from .informer import Informer
 from .kube import KubeApi
@@ -81,6 +81,7 @@ class Replica:
                              start_wait=start_wait)
         self.events = EventRecorder(api, self.metrics, host=identity)
         self.view.on_unseen = self._unseen
+        self.view.on_dra_unschedulable = self._dra_unschedulable
         self.view.gang_may_hold = self.may_bind  # only the binder holds a gang's GPU shares
         self.podgroups = PodGroupWatch(api, self.view)
         self.service = ExtenderApp(self.view, self.binder, self.metrics, self.events,
@@ -99,6 +100,15 @@ class Replica:
                 f"holds GPU resources on node {node} but was not placed by the sharegpu "
                 "extender (no scheduling decision recorded): counted against every GPU of the "
                 "node until it ends; schedule GPU pods with schedulerName ack-co-scheduler"))
+
+    def _dra_unschedulable(self, pod: Mapping[str, Any], message: str) -> None:
+        """A DRA pod no node of the pool can take (the view's diagnosis): the leader tells it
+        in a Warning Event, so that replicas do not post it twice; a replica that becomes the
+        leader tells what it knows again (``_take_over``)."""
+        if not self.is_leader():
+            return
+        with contextlib.suppress(RuntimeError):  # no running loop: a rebuild outside the server
+            self.events.record(pod, REASON_DRA_UNSCHEDULABLE, message)
 
     # -- leadership ---------------
     def is_leader(self) -> bool:
@@ -129,6 +139,7 @@ class Replica:
         if self.informer.current():
             self._leader_synced = self.is_leader()
             log.info("%s: leader, binding from its warm view", self.identity)
+            self.view.dra_recheck(again=True)
             try:
                 await self.informer.check(settle_s=1.0)
             except Exception as e:
@@ -144,6 +155,7 @@ class Replica:
                 await asyncio.sleep(0.5)
         self._leader_synced = self.is_leader()
         log.info("%s: leader with a fresh view", self.identity)
+        self.view.dra_recheck(again=True)
 
     async def forward_bind(self, body: bytes, forwarded: bool) -> bytes | None:
         """A bind this replica may not do, passed on to the leader: the leader's answer, or an
