@@ -23,7 +23,10 @@ ServiceAccounts, ClusterRoles and bindings created as ``helm template`` renders 
    capacity, every gpu-count 2 pod on 2 distinct GPUs, ``sharegpu inspect -o json`` agreeing
    with the claims per GPU, every Pending pod verifiably fitting nowhere with kube-scheduler's
    FailedScheduling Event.
-4. With the extender: a 48 GiB pod stays Pending with the scheduler's reason.
+4. With the extender: a 48 GiB pod stays Pending with the scheduler's reason, and the
+   extender's Warning Event ``GPUSharingDRAUnschedulable`` names the claim's field, the ACK
+   resource it came from and the rule; the pods left Pending only because the pool is full
+   get no such Event (they would fit an empty pool).
 5. Per node, the kubelet's own DRA manager (``sharegpu-controlplane kubelet-dra``, as
    ``system:node:<node>``) prepares every bound pod's claims through that node's agent: every CDI
    spec carries its own claim's GPU UUID(s) and limits, 0 mismatches.
@@ -464,6 +467,21 @@ def test_fifty_ack_pods_through_webhook_extender_scheduler_and_kubelet(
         assert any(r in ev["message"] for r in DRA_REASONS), ev["message"]
         assert get(cp, f"/api/v1/namespaces/{ns_ext}/pods/too-big")["spec"].get(
             "nodeName") is None
+        # ... and the extender's reason, from its pod watch (docs/dra.md)
+        (ours,) = wait_for("too-big's GPUSharingDRAUnschedulable Event", lambda: [
+            e for e in get(cp, f"/api/v1/namespaces/{ns_ext}/events?fieldSelector="
+                               "involvedObject.name=too-big")["items"]
+            if e["reason"] == "GPUSharingDRAUnschedulable"], timeout=60)
+        report(f"too-big, {ours['source']['component']}: {ours['message']}")
+        assert ours["type"] == "Warning" and ours["source"]["component"] == "sharegpu-extender"
+        assert "spec.devices.requests[0].exactly.capacity.requests.memory=48Gi (spec." \
+               "containers[0] aliyun.com/gpu-mem=48): larger than every GPU of the DRA pool " \
+               f"(largest: 40Gi, node {c.nodes['d']} gpu-0)" in ours["message"], ours["message"]
+        # the pods Pending because the pool is full would fit an empty pool: no such Event
+        said = {e["involvedObject"]["name"] for e in get(
+            cp, f"/api/v1/namespaces/{ns_ext}/events")["items"]
+            if e["reason"] == "GPUSharingDRAUnschedulable"}
+        assert said == {"too-big"}, said
 
         # the kubelet's DRA manager on every node prepares the bound pods' claims
         prepare_everything(c, with_ext, report)

@@ -65,8 +65,8 @@ def our_events(cp: ControlPlane, ns: str, pod: str) -> list[dict[str, Any]]:
 
 
 class Refusals:
-    def __init__(self, env: Env, ext: LocalExtender, dp: str) -> None:
-        self.env, self.ext, self.dp = env, ext, dp
+    def __init__(self, cluster: Env, ext: LocalExtender, dp: str) -> None:
+        self.env, self.ext, self.dp = cluster, ext, dp
 
 
 @pytest.fixture(scope="module")
