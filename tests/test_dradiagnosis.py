@@ -128,6 +128,15 @@ def test_unknown_allocated_or_foreign_claims_give_no_reason():
     ((key, facts),) = claims.items()
     assert diagnose(pod, {key: Facts(facts.requests, allocated=True)}, pool()) == []
     assert diagnose(pod, {key: Facts(())}, pool()) == []  # another driver's claim
+    # firstAvailable / All: left to the allocator, nothing said even when the pod also
+    # selects no node of the pool
+    for req in ({"name": "gpu", "firstAvailable": [
+                    {"name": "a", "deviceClassName": dra.DRIVER,
+                     "capacity": {"requests": {"memory": "99Gi"}}}]},
+                gpu_request(allocationMode="All")):
+        mine, facts = own_claim_pod([req], nodeName="dp-node")
+        assert facts["ns/mine"].requests and not facts["ns/mine"].problem
+        assert diagnose(mine, facts, pool()) == []
     assert diagnose({"metadata": {"name": "x"}, "spec": {}}, {}, pool()) == []
 
 

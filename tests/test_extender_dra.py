@@ -226,6 +226,35 @@ def test_pods_not_ranked_pass_as_before():
     assert v.filter(req, ["dp", "d1"]) == (["dp", "d1"], {}, {})
 
 
+def test_legal_claims_the_policy_does_not_score_pass_unranked_and_disturb_nothing():
+    """firstAvailable (sharegpu's class in a subrequest, or only another driver's) and
+    allocationMode All are legal DRA: the pod passes every node unscored (kube-scheduler's
+    allocator decides), never a refusal, and no problem is logged."""
+    v = cluster()
+    names = ["dp", "d1", "d2", "d3", "d4"]
+    first = claim("fa-gpu", 4)
+    first["spec"]["devices"]["requests"] = [{"name": "gpu", "firstAvailable": [
+        {"name": "big", "deviceClassName": dra.DRIVER,
+         "capacity": {"requests": {"memory": "20Gi"}}},
+        {"name": "small", "deviceClassName": dra.DRIVER,
+         "capacity": {"requests": {"memory": "4Gi"}}}]}]
+    nic = claim("nic", 1)
+    nic["spec"]["devices"]["requests"] = [{"name": "port", "firstAvailable": [
+        {"name": "fast", "deviceClassName": "nic.example.com"}]}]
+    every = claim("all-gpu", 1)
+    every["spec"]["devices"]["requests"][0]["exactly"] = {
+        "deviceClassName": dra.DRIVER, "allocationMode": "All"}
+    for c in (first, nic, every):
+        v.upsert_claim(c)
+    assert not v.problems
+    for name, claims in (("fa", {"gpu": "fa-gpu"}), ("n", {"port": "nic"}),
+                         ("al", {"gpu": "all-gpu"}), ("mix", {"gpu": "fa-gpu", "port": "nic"})):
+        p = pod(name, claims)
+        req = v.reader.request(p)
+        assert v.dra_request(p, req) is None, name
+        assert v.filter(req, names) == (names, {}, {}), name
+
+
 def test_malformed_claims_are_a_reason_naming_the_field():
     v = cluster()
     bad = claim("bad-gpu", 4)

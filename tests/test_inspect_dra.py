@@ -239,9 +239,11 @@ def test_claim_requests_translate_capacity_requests():
                                     "capacity": {"requests": {"memory": "lots"}}}},
     ]}}}
     got, warnings = claim_requests(c)
-    assert got == [DraRequest("c", "a", 1, 5, 30), DraRequest("c", "b", 2, None, 0)]
-    assert len(warnings) == 2 and "allocationMode='All'" in warnings[0]
-    assert "spec.devices.requests[4].exactly.capacity.requests.memory" in warnings[1]
+    # All is legal DRA the policy does not score: kept, unranked, no warning
+    assert got == [DraRequest("c", "a", 1, 5, 30), DraRequest("c", "b", 2, None, 0),
+                   DraRequest("c", "all", 1, None, 0, ranked=False)]
+    assert len(warnings) == 1
+    assert "spec.devices.requests[4].exactly.capacity.requests.memory" in warnings[0]
 
 
 def test_the_extender_passes_dra_pods_everywhere_and_binds_them_plainly():

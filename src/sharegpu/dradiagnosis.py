@@ -457,6 +457,8 @@ def diagnose(pod: Mapping[str, Any], claims: Mapping[str, ClaimFacts],
         ours = True
         if rec.allocated:
             return []  # its node is decided
+        if not all(r.ranked for r in rec.requests):
+            return []  # firstAvailable or All: the allocator's own choices, not told here
         if rec.problem:
             problems.append(f"spec.resourceClaims[{i}] (ResourceClaim {key}): sharegpu cannot "
                             f"read its request: {rec.problem}")

@@ -260,7 +260,9 @@ class DraRequest:
     ``index`` in ``spec.devices.requests``, ``memory`` as written, ``distinct`` (a constraint
     with ``distinctAttribute`` covers it: its ``count`` devices are different GPUs),
     ``shared_only`` (the webhook's selector ``device.allowMultipleAllocations == true``) and
-    its tolerations of device taints."""
+    its tolerations of device taints. ``ranked=False``: a request the policy does not score
+    (``firstAvailable`` naming the class in a subrequest, ``allocationMode: All``): legal DRA,
+    left to kube-scheduler's allocator; ``count`` 1 and ``mem_gib`` ``None`` then."""
 
     claim: str
     request: str
@@ -272,6 +274,7 @@ class DraRequest:
     distinct: bool = field(default=False, compare=False)
     shared_only: bool = field(default=False, compare=False)
     tolerations: tuple[Toleration, ...] = field(default=(), compare=False)
+    ranked: bool = True
 
 
 def claim_requests(obj: Mapping[str, Any], device_class: str = dra.DRIVER
@@ -280,8 +283,10 @@ def claim_requests(obj: Mapping[str, Any], device_class: str = dra.DRIVER
     (sharegpu's DeviceClass, named after the driver): the GPU requests the extender would score
     with the policy. ``capacity.requests.memory`` is rounded up to GiB as the request policy's
     1 GiB step does; a request that names no capacity consumes the policy's default (1 GiB,
-    5 %) on a shared GPU. ``firstAvailable`` requests and ``allocationMode: All`` are not
-    translated (warning)."""
+    5 %) on a shared GPU. ``firstAvailable`` requests with a subrequest of the class and
+    ``allocationMode: All`` are legal DRA that the policy does not score: they come back as
+    ``ranked=False`` requests, with no warning (other classes' requests are not looked at).
+    Warnings are for requests that cannot be read."""
     ns, name = _name(obj) if isinstance(obj, Mapping) else ("", "")
     spec = obj.get("spec") if isinstance(obj, Mapping) else None
     devices = spec.get("devices") if isinstance(spec, Mapping) else None
@@ -295,15 +300,18 @@ def claim_requests(obj: Mapping[str, Any], device_class: str = dra.DRIVER
         if not isinstance(r, Mapping):
             continue
         exact = r.get("exactly")
+        rname = str(r.get("name") or "")
         if not isinstance(exact, Mapping):
-            if r.get("firstAvailable"):
-                warnings.append(f"{at}.firstAvailable: not translated (only exactly)")
+            subs = r.get("firstAvailable")
+            if isinstance(subs, list) and any(
+                    isinstance(x, Mapping) and x.get("deviceClassName") == device_class
+                    for x in subs):
+                out.append(DraRequest(name, rname, 1, None, 0, index=i, ranked=False))
             continue
         if exact.get("deviceClassName") != device_class:
             continue
         if exact.get("allocationMode", "ExactCount") != "ExactCount":
-            warnings.append(f"{at}.exactly.allocationMode={exact.get('allocationMode')!r}: "
-                            "not translated (only ExactCount)")
+            out.append(DraRequest(name, rname, 1, None, 0, index=i, ranked=False))
             continue
         count = exact.get("count", 1)
         if not isinstance(count, int) or isinstance(count, bool) or count < 1:
@@ -323,7 +331,6 @@ def claim_requests(obj: Mapping[str, Any], device_class: str = dra.DRIVER
         except ValidationError as e:
             warnings.append(str(e))
             continue
-        rname = str(r.get("name") or "")
         selectors = exact.get("selectors")
         shared_only = any(isinstance(x, Mapping) and isinstance(x.get("cel"), Mapping)
                           and str(x["cel"].get("expression", "")).strip() == SHAREABLE

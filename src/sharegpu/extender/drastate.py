@@ -378,7 +378,7 @@ class DraCache:
                 return None  # its node is decided; DynamicResources keeps the pod there
             for r in rec.requests:
                 if r.mem_gib is None:
-                    return None  # a whole GPU: not ranked
+                    return None  # a whole GPU, firstAvailable or All: not ranked
                 containers.append(ContainerRequest(len(containers), name=f"{claim}/{r.request}",
                                                    gpu_mem=r.mem_gib, gpu_core=_cores(r.core),
                                                    gpus=r.count))
