@@ -418,9 +418,13 @@ class DraCache:
 
     def dra_recheck(self, *, again: bool = False) -> None:
         """Ask again for every waiting pod (a slice changed; ``again``: tell even an unchanged
-        message, for a replica that has just become the leader). O(waiting pods)."""
+        message, for a replica that has just become the leader). The pool is read once:
+        O(nodes + waiting pods)."""
+        if not self.dra_waiting:
+            return
+        pool = self.dra_pool()
         for key in list(self.dra_waiting):
-            self._diagnose(key, again=again)
+            self._diagnose(key, again=again, pool=pool)
 
     def _stop_waiting(self, key: str) -> None:
         got = self.dra_waiting.pop(key, None)
@@ -448,13 +452,15 @@ class DraCache:
                 others.append(dradiagnosis.OtherNode(name, labels, name in self.specs))
         return pool, others
 
-    def _diagnose(self, key: str, *, again: bool = False) -> None:
+    def _diagnose(self, key: str, *, again: bool = False,
+                  pool: tuple[list[dradiagnosis.PoolNode], list[dradiagnosis.OtherNode]]
+                  | None = None) -> None:
         got = self.dra_waiting.get(key)
         if got is None:
             return
         pod, said = got
         try:
-            reasons = dradiagnosis.diagnose(pod, self.claims, *self.dra_pool())
+            reasons = dradiagnosis.diagnose(pod, self.claims, *(pool or self.dra_pool()))
         except Exception as e:  # never let one odd pod stop the watch
             self._problem(key, f"DRA diagnosis failed: {type(e).__name__}: {e}")
             return
