@@ -61,7 +61,6 @@ from . import dra
 from .draclaims import SHAREABLE
 from .errors import ValidationError
 from .quantity import parse as parse_quantity
-from .resourceslices import CORE_STEP, TAINT_ISOLATION, TAINT_UNHEALTHY
 
 GROUP: Final = "resource.k8s.io"
 VERSION: Final = "v1"
@@ -285,11 +284,11 @@ def _check_request(body: Mapping[str, Any], at: str, name: str,
         if not isinstance(t, Mapping):
             continue
         key = t.get("key")
-        for taint, why in ((TAINT_UNHEALTHY, "a GPU with a critical XID"),
-                           (TAINT_ISOLATION, "a GPU whose isolation back-end is not usable (the "
-                                             "kubelet plugin still refuses a shared claim "
-                                             "there)")):
-            if key == f"{dra.DRIVER}/{taint}" or (not key and t.get("operator") == "Exists"):
+        for taint, why in ((dra.TAINT_UNHEALTHY, "a GPU with a critical XID"),
+                           (dra.TAINT_ISOLATION, "a GPU whose isolation back-end is not usable "
+                                                 "(the kubelet plugin still refuses a shared "
+                                                 "claim there)")):
+            if key == taint or (not key and t.get("operator") == "Exists"):
                 found.warnings.append(f"{at}.tolerations[{k}]: lets the claim onto {why}")
 
 
@@ -309,7 +308,8 @@ def _memory(field: str, value: Any) -> None:
 
 def _cores(field: str, value: Any) -> None:
     q = parse_quantity(field, value)
-    if q.denominator == 1 and q % CORE_STEP == 0 and CORE_STEP <= q <= dra.CORES_PER_GPU:
+    step = dra.CORE_STEP
+    if q.denominator == 1 and q % step == 0 and step <= q <= dra.CORES_PER_GPU:
         return
     asked = value if isinstance(value, str) else str(value)
     if q > dra.CORES_PER_GPU:
@@ -317,6 +317,5 @@ def _cores(field: str, value: Any) -> None:
     elif q < 0:
         consumes = "is no share"
     else:
-        consumed = max(CORE_STEP, math.ceil(q / CORE_STEP) * CORE_STEP)
-        consumes = f"would consume {consumed}"
+        consumes = f"would consume {dra.consumed_cores(q)}"
     raise ValidationError(field, value, RULE_CORES.format(asked=asked, consumes=consumes))

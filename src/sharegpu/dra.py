@@ -7,14 +7,19 @@ the two sides cannot drift apart.
 - A shared GPU has two consumable capacities: ``memory`` (bytes, allocated in steps of 1 GiB,
   as the device plugins count it) and ``cores`` (percent of the GPU's compute, 1 to 100). A
   result without ``consumedCapacity`` holds the whole GPU.
+- A GPU the agent must keep new claims off carries a device taint: ``<driver>/unhealthy`` or
+  ``<driver>/isolation-unavailable``.
 - The kubelet plugin answers with CDI devices of kind ``sharegpu.io/gpu``, named
   ``<claim uid>-<device>``.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Final
+
+from .names import CORE_STEP as _CORE_MEM_STEP
 
 DRIVER: Final = "gpu.sharegpu.io"
 DEVICE_PREFIX: Final = "gpu-"
@@ -22,11 +27,21 @@ CAPACITY_MEMORY: Final = "memory"
 CAPACITY_CORES: Final = "cores"
 MEMORY_STEP: Final = 1 << 30  # bytes: memory is consumed in whole GiB
 CORES_PER_GPU: Final = 100  # the ``cores`` capacity of one GPU (percent)
+CORE_STEP: Final = _CORE_MEM_STEP  # ``cores`` are consumed in steps of 5 %, as in core_mem
+# device taints the agent puts on a GPU in its slice (keys are qualified by the driver)
+TAINT_UNHEALTHY: Final = f"{DRIVER}/unhealthy"  # a critical XID
+TAINT_ISOLATION: Final = f"{DRIVER}/isolation-unavailable"  # the back-end is not usable
 CDI_VENDOR: Final = "sharegpu.io"
 CDI_CLASS: Final = "gpu"
 CDI_KIND: Final = f"{CDI_VENDOR}/{CDI_CLASS}"
 
 _DEVICE = re.compile(r"gpu-(0|[1-9][0-9]{0,3})", re.ASCII)
+
+
+def consumed_cores(asked: float) -> int:
+    """The ``cores`` a request consumes: rounded up to the step, at least one step (the request
+    policy's minimum and default, so at most 20 claims share a GPU)."""
+    return max(CORE_STEP, math.ceil(asked / CORE_STEP) * CORE_STEP)
 
 
 def device_name(index: int) -> str:

@@ -39,10 +39,7 @@ from . import dra, names
 from .draclaims import CLAIM_PREFIX, SHAREABLE
 from .drashares import DeviceTaint, DraRequest, SliceGpus
 
-TAINT_ISOLATION = f"{dra.DRIVER}/isolation-unavailable"  # resourceslices.TAINT_ISOLATION
-TAINT_UNHEALTHY = f"{dra.DRIVER}/unhealthy"
 AFFINITY = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
-CONDITION_ISOLATION = "GPUIsolationReady"  # the node condition the agent keeps
 BLOCKING = ("NoSchedule", "NoExecute")  # device taint effects that keep new claims off
 SHOWN = 4  # nodes named in a list before "and N more"
 
@@ -50,7 +47,8 @@ ISOLATION_WHY = (
     "the node's GPU isolation back-end (HAMi-core or MPS) is not usable, so its agent keeps new "
     "claims off its GPUs until it is")
 ISOLATION_FIX = (
-    f"{ISOLATION_WHY}; the node condition GPUIsolationReady and the agent's log say why; fix: "
+    f"{ISOLATION_WHY}; the node condition {names.CONDITION_ISOLATION} and the agent's log say "
+    "why; fix: "
     "install HAMi-core (the chart's agent.hami.install=true, or agent.hamiLibrary "
     "naming a libvgpu.so on the node) or start the MPS daemon (agent.mps.enabled), or opt the "
     "node out with the label cgpu.disable.isolation=true")
@@ -150,17 +148,23 @@ def is_unschedulable(pod: Mapping[str, Any]) -> bool:
                for c in (conds if isinstance(conds, list) else []))
 
 
+def generated_claims(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """The claims the claim controller made from the pod's templates:
+    ``status.resourceClaimStatuses`` as {pod claim name: ResourceClaim name (or None)}."""
+    status = pod.get("status")
+    made = status.get("resourceClaimStatuses") if isinstance(status, Mapping) else None
+    return {s["name"]: s.get("resourceClaimName") for s in
+            (made if isinstance(made, list) else [])
+            if isinstance(s, Mapping) and isinstance(s.get("name"), str)}
+
+
 def pod_claims(pod: Mapping[str, Any]) -> list[tuple[int, str, str | None]]:
     """``(index in spec.resourceClaims, its name, the ResourceClaim's name)`` per entry; the
     claim's name is ``None`` while a template's claim is not generated yet. Malformed entries
     are left out (the API server refuses them)."""
     spec = pod.get("spec")
     entries = spec.get("resourceClaims") if isinstance(spec, Mapping) else None
-    status = pod.get("status")
-    made = status.get("resourceClaimStatuses") if isinstance(status, Mapping) else None
-    generated = {s["name"]: s.get("resourceClaimName") for s in
-                 (made if isinstance(made, list) else [])
-                 if isinstance(s, Mapping) and isinstance(s.get("name"), str)}
+    generated = generated_claims(pod)
     out: list[tuple[int, str, str | None]] = []
     for i, e in enumerate(entries if isinstance(entries, list) else []):
         if not isinstance(e, Mapping) or not isinstance(e.get("name"), str):
@@ -413,18 +417,19 @@ def _taint_reason(a: _Asked, nodes: Sequence[PoolNode]) -> str:
                 if t.effect in BLOCKING and not any(x.tolerates(t) for x in a.req.tolerations):
                     by_key.setdefault(t.key, {}).setdefault(n.name, []).append(
                         dra.device_name(g.index))
-                    if t.key == TAINT_ISOLATION and n.isolation:
+                    if t.key == dra.TAINT_ISOLATION and n.isolation:
                         said = n.isolation.removeprefix(f"node {n.name}: ")
                         isolation.setdefault(said, {})[n.name] = None
     taints = []
     for key, on in sorted(by_key.items()):
         where = [f"{node} ({', '.join(gpus)})" for node, gpus in sorted(on.items())]
-        if key == TAINT_ISOLATION:
+        if key == dra.TAINT_ISOLATION:
             fix = ISOLATION_FIX
             if isolation:  # the agent's own words (its node condition): why, and the fix
                 said, on = max(isolation.items(), key=lambda x: len(x[1]))
-                fix = f"{ISOLATION_WHY}; GPUIsolationReady on {_listed(list(on), 2)}: {said}"
-        elif key == TAINT_UNHEALTHY:
+                fix = (f"{ISOLATION_WHY}; {names.CONDITION_ISOLATION} on {_listed(list(on), 2)}: "
+                       f"{said}")
+        elif key == dra.TAINT_UNHEALTHY:
             fix = UNHEALTHY_FIX
         else:
             fix = "a taint sharegpu does not set; tolerate it in the claim or remove it"

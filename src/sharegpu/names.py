@@ -61,3 +61,6 @@ CORE_STEP: Final = 5
 ANN_NODE_GPU_MEM: Final = "sharegpu.io/gpu-mem"  # GiB per GPU in index order, e.g. "15,15,32,32"
 ANN_NODE_GPU_TOPOLOGY: Final = "sharegpu.io/gpu-topology"  # JSON matrix of nvidia-smi link kinds
 ANN_NODE_LAST_MODE: Final = "sharegpu.io/last-mode"  # last explicit ack.node.gpu.schedule value
+# the node condition the agent keeps: is the node's isolation back-end usable (read by the
+# extender's DRA diagnosis)
+CONDITION_ISOLATION: Final = "GPUIsolationReady"

@@ -33,8 +33,8 @@ from typing import Any
 
 from .dra import CAPACITY_CORES as CORES
 from .dra import CAPACITY_MEMORY as MEMORY
+from .dra import CORE_STEP, DRIVER, TAINT_ISOLATION, TAINT_UNHEALTHY, device_name
 from .dra import CORES_PER_GPU as CORES_TOTAL
-from .dra import DRIVER, device_name
 from .dra import MEMORY_STEP as GIB
 from .errors import ValidationError
 from .modes import Mode
@@ -42,9 +42,6 @@ from .quantity import parse as parse_quantity
 
 API_VERSION = "resource.k8s.io/v1"
 DEVICE_CLASS = DRIVER
-CORE_STEP = 5  # percent, as aliyun.com/gpu-core.percentage
-TAINT_UNHEALTHY = "unhealthy"
-TAINT_ISOLATION = "isolation-unavailable"
 
 # The API server's limits (k8s.io/api resource/v1 types.go)
 MAX_DEVICES = 128
@@ -227,9 +224,9 @@ def _device(g: SliceGpu, mode: Mode) -> dict[str, Any]:
         dev["allowMultipleAllocations"] = True
     taints = []
     if g.unhealthy:
-        taints.append({"key": f"{DRIVER}/{TAINT_UNHEALTHY}", "effect": "NoSchedule"})
+        taints.append({"key": TAINT_UNHEALTHY, "effect": "NoSchedule"})
     if g.isolation_unavailable:
-        taints.append({"key": f"{DRIVER}/{TAINT_ISOLATION}", "effect": "NoSchedule"})
+        taints.append({"key": TAINT_ISOLATION, "effect": "NoSchedule"})
     if taints:
         dev["taints"] = taints
     return dev

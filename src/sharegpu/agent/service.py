@@ -44,7 +44,7 @@ from .slicepublisher import SlicePublisher, Wanted, slice_gpus
 log = logging.getLogger(__name__)
 
 MODE_FILE = "last-mode"
-CONDITION_ISOLATION = "GPUIsolationReady"  # node condition the agent keeps
+CONDITION_ISOLATION = names.CONDITION_ISOLATION
 EVENT_ISOLATION = "GPUIsolationUnavailable"  # Warning event on a pod refused for it
 EVENT_CONFLICT = "GPUDevicePluginConflict"  # Warning event on the node
 # Resources whose containers get an isolation back-end: withheld while the back-end is unusable.

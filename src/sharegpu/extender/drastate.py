@@ -29,7 +29,6 @@ free of I/O (the informer feeds it ``resourceslices`` and ``resourceclaims`` eve
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +43,6 @@ from ..request import ContainerRequest, Kind, PodRequest
 from ..state import ClusterState, NodeSpec
 
 CLAIM_KEY = "claim:"  # state keys of claims: <namespace>/claim:<name>
-CORE_STEP = 5  # the ``cores`` request policy's step and minimum (resourceslices.py)
 NOT_IN_POOL = (f"node has no ResourceSlice of driver {dra.DRIVER}: a pod whose GPUs are "
                "ResourceClaims can only go to a node of the DRA pool")
 IN_POOL = (f"node serves its GPUs through DRA (ResourceSlice of {dra.DRIVER}): it has no "
@@ -77,16 +75,12 @@ def _strip_node(obj: Mapping[str, Any]) -> dict[str, Any]:
            "status": {k: status.get(k) for k in ("allocatable", "capacity", "addresses")}}
     conds = status.get("conditions") if isinstance(status, Mapping) else None
     for c in conds if isinstance(conds, list) else []:
-        if isinstance(c, Mapping) and c.get("type") == dradiagnosis.CONDITION_ISOLATION \
+        if isinstance(c, Mapping) and c.get("type") == names.CONDITION_ISOLATION \
                 and c.get("status") != "True" and isinstance(c.get("message"), str):
             out["isolation"] = c["message"]
     if isinstance(obj.get("isolation"), str):  # stripped before
         out["isolation"] = obj["isolation"]
     return out
-
-
-def _cores(core: int) -> int:
-    return max(CORE_STEP, math.ceil(core / CORE_STEP) * CORE_STEP)
 
 
 class DraCache:
@@ -351,11 +345,7 @@ class DraCache:
             return None
         if not isinstance(entries, list):
             raise ValidationError("spec.resourceClaims", entries, "must be a list")
-        status = pod.get("status") if isinstance(pod.get("status"), Mapping) else {}
-        made = status.get("resourceClaimStatuses") or []
-        generated = {s["name"]: s.get("resourceClaimName") for s in made
-                     if isinstance(s, Mapping) and isinstance(s.get("name"), str)
-                     } if isinstance(made, list) else {}
+        generated = dradiagnosis.generated_claims(pod)
         ns = base.namespace
         containers: list[ContainerRequest] = []
         for i, e in enumerate(entries):
@@ -379,9 +369,9 @@ class DraCache:
             for r in rec.requests:
                 if r.mem_gib is None:
                     return None  # a whole GPU, firstAvailable or All: not ranked
-                containers.append(ContainerRequest(len(containers), name=f"{claim}/{r.request}",
-                                                   gpu_mem=r.mem_gib, gpu_core=_cores(r.core),
-                                                   gpus=r.count))
+                containers.append(ContainerRequest(
+                    len(containers), name=f"{claim}/{r.request}", gpu_mem=r.mem_gib,
+                    gpu_core=dra.consumed_cores(r.core), gpus=r.count))
         if not containers:
             return None
         return DraPodRequest(base.namespace, base.name, Kind.SHARED, tuple(containers),
