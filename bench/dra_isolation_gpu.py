@@ -62,7 +62,7 @@ from dra_kubelet import TestDraKubelet, cdi_registry, container_view  # noqa: E4
 from isolation_gpu import mps_daemon, nvml_process_mib, torch_checks, torch_run  # noqa: E402
 from sharegpu import dra, names  # noqa: E402
 from sharegpu.agent.draplugin import DraConfig, DraPlugin  # noqa: E402
-from sharegpu.agent.isolation import HAMI_CONTAINER_LIBRARY, IsolationConfig  # noqa: E402
+from sharegpu.agent.isolation import HAMI_CONTAINER_LIBRARY, IsolationConfig, Mount  # noqa: E402
 from sharegpu.agent.kube import MemoryKube  # noqa: E402
 from sharegpu.agent.nvml import RealNvml  # noqa: E402
 from sharegpu.agent.service import Agent, AgentConfig  # noqa: E402
@@ -74,20 +74,14 @@ from sharegpu.isolation_check.check import (  # noqa: E402
     clean_env,
     decide_fill_within,
     held_usage,
-    host_env,
     mem_checks,
     mem_tolerance_mib,
     overall_ok,
+    process_env,
 )
 
 NODE = "gpu-node"
 NS = "bench"
-
-
-@dataclass(frozen=True)
-class Mount:
-    container_path: str
-    host_path: str
 
 
 @dataclass(frozen=True)
@@ -189,23 +183,16 @@ def process_mib(pid: int, gpu: int) -> float | None:
         return None
 
 
-def process_env(view: dict[str, Any], base: dict[str, str], root: str,
-                by_uuid: dict[str, int]) -> dict[str, str]:
-    """A container's CDI edits as a host process's environment (the mounted folders under
-    ``root`` that the agent leaves to the runtime, such as HAMi-core's lock folder, made)."""
-    mounts = [Mount(c, h) for c, h in view["mounts"].items()]
-    env = {**base, **host_env(view["env"], mounts)}
+def claim_env(view: dict[str, Any], base: dict[str, str], root: str,
+              by_uuid: dict[str, int]) -> dict[str, str]:
+    """A container's CDI edits as a host process's environment, as ``sharegpu
+    isolation-check`` turns Allocate's answer into one (the mounted folders under ``root`` that
+    the agent leaves to the runtime, such as HAMi-core's lock folder, made)."""
     # the NVIDIA runtime shows the container the GPUs NVIDIA_VISIBLE_DEVICES names; on the host
-    # CUDA is shown the same GPU by its index
-    env["CUDA_VISIBLE_DEVICES"] = ",".join(
-        str(by_uuid[u]) for u in view["env"]["NVIDIA_VISIBLE_DEVICES"].split(","))
-    lib = view["mounts"].get(HAMI_CONTAINER_LIBRARY)
-    if lib and lib != HAMI_CONTAINER_LIBRARY:
-        env["CUDA_REDIRECT"] = lib  # HAMi-core finds itself at the container path
-    for h in view["mounts"].values():
-        if h.startswith(root + "/") and not os.path.exists(h):
-            os.makedirs(h)
-    return env
+    # CUDA is shown the same GPUs by their indexes
+    visible = ",".join(str(by_uuid[u]) for u in view["env"]["NVIDIA_VISIBLE_DEVICES"].split(","))
+    mounts = [Mount(c, h) for c, h in view["mounts"].items()]
+    return process_env(view["env"], mounts, base=base, visible=visible, host_root=root + "/")
 
 
 def edits_checks(plan: ClaimPlan, view: dict[str, Any], gpu: dict[str, Any],
@@ -251,7 +238,7 @@ def measure(args: argparse.Namespace, got: dict[str, Any]) -> list[dict[str, Any
             view = got["claims"][plan.name]
             checks = edits_checks(plan, view, gpu, args)
             if not view["error"]:
-                env = envs[plan.name] = process_env(view, base, got["root"], got["by_uuid"])
+                env = envs[plan.name] = claim_env(view, base, got["root"], got["by_uuid"])
                 req = Request(backend=args.backend, mem_gib=plan.mem_gib, core=plan.cores,
                               gpu=args.gpu, hami_library=args.hami_library)
                 log(f"{plan.name}: memory probes under {plan.mem_gib} GiB ({args.backend})")

@@ -580,16 +580,27 @@ def container_env(req: Request, config: Any, *, pod_uid: str, core: int | None, 
     """The environment a container with ``req``'s memory and ``core`` gets from the agent's
     Allocate (:func:`sharegpu.agent.isolation.isolation_env` with ``config``), its container
     paths turned into host paths; the folders it mounts from under ``host_root`` are made."""
-    from ..agent.isolation import HAMI_CONTAINER_LIBRARY, Backend, isolation_env
+    from ..agent.isolation import Backend, isolation_env
 
     ce = isolation_env(Backend(req.backend), mem={req.gpu: req.mem_gib},
                        core={req.gpu: core} if core else {}, pod_uid=pod_uid, config=config,
                        gpu_mem={req.gpu: gpu_gib})
-    for m in ce.mounts:
-        if m.host_path.startswith(host_root):
-            Path(m.host_path).mkdir(parents=True, exist_ok=True)
-    env = {**base, **host_env(ce.envs, ce.mounts), "CUDA_VISIBLE_DEVICES": str(req.gpu)}
-    library = next((m for m in ce.mounts if m.container_path == HAMI_CONTAINER_LIBRARY), None)
+    return process_env(ce.envs, ce.mounts, base=base, visible=str(req.gpu), host_root=host_root)
+
+
+def process_env(envs: Mapping[str, str], mounts: Sequence[Any], *, base: Mapping[str, str],
+                visible: str, host_root: str) -> dict[str, str]:
+    """A container's variables and mounts (``container_path``, ``host_path``) as the
+    environment of a process on the host: container paths replaced by host paths
+    (:func:`host_env`), CUDA shown the GPUs ``visible`` (the NVIDIA runtime's part), and the
+    mounted folders under ``host_root`` that do not exist yet made (the runtime's part)."""
+    from ..agent.isolation import HAMI_CONTAINER_LIBRARY
+
+    for m in mounts:
+        if m.host_path.startswith(host_root) and not os.path.exists(m.host_path):
+            Path(m.host_path).mkdir(parents=True)
+    env = {**base, **host_env(envs, mounts), "CUDA_VISIBLE_DEVICES": visible}
+    library = next((m for m in mounts if m.container_path == HAMI_CONTAINER_LIBRARY), None)
     if library is not None and library.host_path != HAMI_CONTAINER_LIBRARY:
         # HAMi-core opens the container's path to find its own hooks; outside a container the
         # same file is named to it with CUDA_REDIRECT
