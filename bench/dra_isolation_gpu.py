@@ -175,14 +175,6 @@ async def prepare(args: argparse.Namespace, root: str) -> dict[str, Any]:
         raise
 
 
-def process_mib(pid: int, gpu: int) -> float | None:
-    """NVML's count of a process's GPU memory; None where this NVML cannot tell."""
-    try:
-        return nvml_process_mib(pid, gpu)
-    except Exception:  # an NVML without per-process accounting
-        return None
-
-
 def claim_env(view: dict[str, Any], base: dict[str, str], root: str,
               by_uuid: dict[str, int]) -> dict[str, str]:
     """A container's CDI edits as a host process's environment, as ``sharegpu
@@ -266,7 +258,7 @@ def measure(args: argparse.Namespace, got: dict[str, Any]) -> list[dict[str, Any
                      for p in PLANS]
             ready = [runner.ready(p, 120) for p in procs]
             during = device.used_mib()
-            counted = [process_mib(p.pid, args.gpu) for p in procs]
+            counted = [nvml_process_mib(p.pid, args.gpu) for p in procs]
             for p in procs:
                 runner.finish(p, 30)
             checks = []

@@ -121,7 +121,8 @@ def nvml_process_mib(pid: int, gpu: int) -> float | None:
             return None
         finally:
             pynvml.nvmlShutdown()
-    except pynvml.NVMLError:
+    except (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError):
+        # the latter: an NVML without the per-process call nvidia-ml-py asks for
         return None
 
 
