@@ -47,7 +47,7 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -119,7 +119,25 @@ def check(key: str, name: str, asked: Any, measured: Any, ok: bool | None,
     return Check(key, name, asked, measured, tolerance, ok, unit)
 
 
-async def prepare(args: argparse.Namespace, root: str) -> dict[str, Any]:
+@dataclass
+class Running:
+    """What :func:`prepare` started: the device plugins' test kubelet, the agent, its DRA
+    plugin and the test DRA kubelet; the claims it prepared."""
+
+    dp: TestKubelet
+    agent: Agent
+    plugin: DraPlugin
+    kubelet: TestDraKubelet
+    refs: list[tuple[str, str, str]] = field(default_factory=list)
+
+    async def close(self) -> None:
+        await self.kubelet.close()
+        await self.plugin.stop()
+        await self.agent.stop()
+        await self.dp.stop()
+
+
+async def prepare(args: argparse.Namespace, root: str) -> tuple[dict[str, Any], Running]:
     """The agent and its DRA plugin on this node's GPUs; the claims prepared through the test
     kubelet; what each container would get."""
     kube = MemoryKube()
@@ -144,13 +162,12 @@ async def prepare(args: argparse.Namespace, root: str) -> dict[str, Any]:
     await agent.start()
     cfg = DraConfig(registry_dir=f"{root}/registry", plugin_dir=f"{root}/plugins/{dra.DRIVER}",
                     cdi_dir=f"{root}/cdi")
-    plugin = DraPlugin(agent, cfg)
-    kubelet = TestDraKubelet(cfg.registry_dir)
+    run = Running(dp, agent, DraPlugin(agent, cfg), TestDraKubelet(cfg.registry_dir))
     try:
-        await plugin.start()
-        regs = await kubelet.discover()
-        refs = [(NS, c["metadata"]["name"], c["metadata"]["uid"]) for c in claims]
-        answers = await kubelet.prepare(dra.DRIVER, refs)
+        await run.plugin.start()
+        regs = await run.kubelet.discover()
+        run.refs = [(NS, c["metadata"]["name"], c["metadata"]["uid"]) for c in claims]
+        answers = await run.kubelet.prepare(dra.DRIVER, run.refs)
         registry = cdi_registry(cfg.cdi_dir)
         out: dict[str, Any] = {"gpu": {"index": gpu.index, "name": gpu.name, "uuid": gpu.uuid,
                                        "nvml_mib": gpu.mem_mib, "advertised_gib": gpu.mem_gib},
@@ -163,15 +180,12 @@ async def prepare(args: argparse.Namespace, root: str) -> dict[str, Any]:
                                         "mounts": {k: v[0] for k, v in mounts.items()}}
         out["root"] = root
         out["by_uuid"] = {g.uuid: g.index for g in nvml.gpus()}
+        out["cdi_dir"] = cfg.cdi_dir
+        out["cache_dir"] = f"{root}/vgpu-cache"
         out["specs_before_unprepare"] = sorted(os.listdir(cfg.cdi_dir))
-        out["_unprepare"] = (kubelet, refs, cfg.cdi_dir, f"{root}/vgpu-cache")
-        out["_close"] = (kubelet, plugin, agent, dp)
-        return out
+        return out, run
     except BaseException:
-        await kubelet.close()
-        await plugin.stop()
-        await agent.stop()
-        await dp.stop()
+        await run.close()
         raise
 
 
@@ -293,9 +307,9 @@ def measure(args: argparse.Namespace, got: dict[str, Any]) -> list[dict[str, Any
     return rows
 
 
-async def unprepare(got: dict[str, Any]) -> dict[str, Any]:
-    kubelet, refs, cdi_dir, cache = got.pop("_unprepare")
-    answers = await kubelet.unprepare(dra.DRIVER, refs)
+async def unprepare(got: dict[str, Any], run: Running) -> dict[str, Any]:
+    cdi_dir, cache = got["cdi_dir"], got["cache_dir"]
+    answers = await run.kubelet.unprepare(dra.DRIVER, run.refs)
     left = sorted(os.listdir(cdi_dir))
     caches = sorted(os.listdir(cache)) if os.path.isdir(cache) else []
     checks = [check("unprepare.errors", "unprepare errors", [], [a.error for a in
@@ -304,14 +318,6 @@ async def unprepare(got: dict[str, Any]) -> dict[str, Any]:
               check("unprepare.caches", "claim cache directories left", [], caches, not caches)]
     return {"name": "unprepare", "checks": [asdict(c) for c in checks],
             "ok": overall_ok(checks)}
-
-
-async def close(got: dict[str, Any]) -> None:
-    kubelet, plugin, agent, dp = got.pop("_close")
-    await kubelet.close()
-    await plugin.stop()
-    await agent.stop()
-    await dp.stop()
 
 
 def table(doc: dict[str, Any]) -> str:
@@ -333,16 +339,16 @@ async def amain(args: argparse.Namespace) -> int:
                                     "hami_commit": args.hami_commit,
                                     "hami_library": args.hami_library}}
     try:
-        got = await prepare(args, root)
+        got, run = await prepare(args, root)
         try:
             doc["gpu"] = got["gpu"]
             doc["registered"] = got["registered"]
             doc["specs"] = got["specs_before_unprepare"]
             doc["claims"] = got["claims"]
             doc["scenarios"] = await asyncio.to_thread(measure, args, got)
-            doc["scenarios"].append(await unprepare(got))
+            doc["scenarios"].append(await unprepare(got, run))
         finally:
-            await close(got)
+            await run.close()
     finally:
         shutil.rmtree(root, ignore_errors=True)
     if args.json:
