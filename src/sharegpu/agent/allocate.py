@@ -47,6 +47,7 @@ from .isolation import (
     IsolationConfig,
     disabled,
     isolation_env,
+    overridden_limits,
 )
 
 log = logging.getLogger(__name__)
@@ -408,6 +409,14 @@ class Allocator:
         b = Backend.NONE if c.whole or disabled(c.container_spec, node_labels) else backend
         if b is not Backend.NONE and guard is not None:
             guard(b, c)  # fail closed: no isolated GPU without a usable back-end
+        own = overridden_limits(b, c.container_spec)
+        if own:
+            raise IsolationUnavailable(
+                f"node {self.node}: isolation back-end {b.value} refuses {c.ref}: the container "
+                f"sets {', '.join(own)} itself, which would replace the limits the agent gives "
+                "it; fix: remove them from the container's env (its limits come from its "
+                "gpu-mem and gpu-core.percentage), or opt it out of isolation with "
+                "CGPU_DISABLE=true", c)
         gpu_mem = {g: self.devices.gpus[g].mem_gib for g in gpus}
         if resource == names.RES_GPU_CORE:
             # The memory side sets the full environment; compute only repeats its own limit.

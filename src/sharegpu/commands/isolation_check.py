@@ -22,6 +22,7 @@ DESCRIPTION = (
 CORE_RULE = "must be a multiple of 5 from 5 to 100 (percent of one GPU's compute)"
 INSTALLED = "/usr/local/vgpu/sharegpu/installed"  # the chart's hami-install init container
 DEFAULT_LIBRARY = "/usr/local/vgpu/libvgpu.so"
+BACKENDS = ("hami", "mps", "hami-mps")
 
 
 def hami_library(args: argparse.Namespace) -> str:
@@ -38,7 +39,8 @@ def hami_library(args: argparse.Namespace) -> str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="hami",
-                   help="isolation back-end: hami (HAMi-core's libvgpu.so) or mps (default hami)")
+                   help="isolation back-end: hami (HAMi-core's libvgpu.so), mps, or hami-mps "
+                        "(HAMi-core's memory limit with MPS's compute share) (default hami)")
     p.add_argument("--mem", required=True, metavar="GIB", help="GPU memory of the request, GiB")
     p.add_argument("--core", metavar="PCT",
                    help="compute of the request, percent (5..100, multiple of 5)")
@@ -84,8 +86,8 @@ def request(args: argparse.Namespace):
     from ..agent.isolation import parse_policy
     from ..isolation_check.check import Request
 
-    if args.backend not in ("hami", "mps"):
-        raise ValidationError("--backend", args.backend, "must be hami or mps")
+    if args.backend not in BACKENDS:
+        raise ValidationError("--backend", args.backend, "must be hami, mps or hami-mps")
     mem_rule = "must be a whole number of GiB, 1 or more"
     mem = _int("--mem", args.mem, mem_rule)
     if mem < 1:
@@ -114,11 +116,12 @@ def request(args: argparse.Namespace):
     from ..agent.readiness import check_hami, check_mps
 
     library = hami_library(args)
-    if args.backend == "hami":
+    uses_hami = args.backend in ("hami", "hami-mps")
+    if uses_hami:
         ready = check_hami(library)
         if not ready.ready:
             raise ValidationError("--hami-library", library, f"{ready.reason}; fix: {ready.fix}")
-    if args.backend == "mps":
+    if args.backend in ("mps", "hami-mps"):
         control = tuple(shlex.split(args.mps_control)) or ("nvidia-cuda-mps-control",)
         ready = check_mps(args.mps_pipe_dir, control)
         if not ready.ready:
@@ -130,7 +133,7 @@ def request(args: argparse.Namespace):
                               "no such file: pass the CUDA driver library (libcuda.so.1)")
     return Request(
         backend=args.backend, mem_gib=mem, core=core, gpu=gpu,
-        hami_library=os.path.abspath(library) if args.backend == "hami" else library,
+        hami_library=os.path.abspath(library) if uses_hami else library,
         mps_pipe_dir=os.path.abspath(args.mps_pipe_dir), compute_policy=int(policy),
         seconds=seconds, compare=bool(args.compare), cuda_library=args.cuda_library,
         fill=bool(args.fill), kernel=args.compute_kernel, reserve_mib=reserve,

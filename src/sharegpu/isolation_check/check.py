@@ -9,7 +9,8 @@ whole-card request on a card ACK rounds up, adds a failing ``limit fits the GPU`
 
 1. ``memory seen``: the total the probe sees (``cuMemGetInfo_v2``) equals the limit (±1 %).
    MPS reports the device's total and shows the limit in ``free``, so for ``mps`` it is
-   ``free`` at start plus the probe's own context (measured without the limits).
+   ``free`` at start plus the probe's own context (measured without the limits); ``hami-mps``
+   shows HAMi-core's view, as ``hami``.
 2. ``all of the limit reachable``: the largest allocation that succeeds plus what the probe used
    at start equals the limit (±1 %): all of it can be had, and no more.
 3. ``allocation past the limit``: 1 MiB more than the largest fails with
@@ -78,7 +79,7 @@ class CheckError(ShareGpuError):
 
 @dataclass(frozen=True)
 class Request:
-    backend: str  # "hami" | "mps"
+    backend: str  # "hami" | "mps" | "hami-mps"
     mem_gib: int
     core: int | None = None
     gpu: int = 0
@@ -654,7 +655,7 @@ def run_check(req: Request, *, base_env: Mapping[str, str] | None = None,
                 return container_env(req, config, pod_uid=f"isolation-check-{run_id}-{name}",
                                      core=core, gpu_gib=gib, base=base, host_root=tmp)
 
-            own = None if backend is Backend.HAMI else ctx_mib
+            own = None if backend.uses_hami else ctx_mib
             upper = ["--upper-mib", str(gpu_mib)]
             env1 = container("mem", req.core)
             report.env = {k: v for k, v in env1.items() if base.get(k) != v}
@@ -664,7 +665,7 @@ def run_check(req: Request, *, base_env: Mapping[str, str] | None = None,
                 report.checks.append(fits)
             if device.available:
                 say("memory: one pod's usage as the driver counts it")
-                if backend is Backend.MPS:
+                if backend.uses_mps:
                     # the first client starts the MPS server, whose memory is not the pod's
                     runner.run("info", container("mps-server", req.core))
                 grew, held = held_usage(runner, container("device", req.core), upper, device,
