@@ -112,9 +112,9 @@ def test_backend_choice_is_opt_in_for_core_mem():
     assert backend_for("auto", Mode.MPS, Backend.HAMI_MPS) is Backend.MPS
     assert backend_for("hami-mps", Mode.CGPU) is Backend.HAMI_MPS
     assert parse_core_mem("hami-mps") is Backend.HAMI_MPS
-    with pytest.raises(ValidationError, match="--core-mem-isolation.*must be hami or hami-mps"):
+    with pytest.raises(ValidationError, match=r"--core-mem-isolation.*must be hami or hami-mps"):
         parse_core_mem("mps")
-    with pytest.raises(ValidationError, match="must be auto, hami, mps, hami-mps or none"):
+    with pytest.raises(ValidationError, match=r"must be auto, hami, mps, hami-mps or none"):
         backend_for("kvm", Mode.CORE_MEM)
     with pytest.raises(ValidationError, match="cannot be honoured by the hami-mps back-end"):
         parse_policy("4", "hami-mps")

@@ -4,10 +4,10 @@ started, supervised, restarted and stopped.
 The supervisor follows the node agent's back-end (the file ``current-backend`` the agent keeps
 in its state directory; without it, the mode in ``current-mode``): while the back-end uses MPS
 (an ``mps`` node, or a ``core_mem`` node on ``hami-mps``) it keeps one
-``nvidia-cuda-mps-control -f``
-running with its pipe, log and shared-memory directories on the host (so client containers can
-mount them), restarts it with back-off when it exits, and sets the daemon's defaults once it
-answers; when the node's back-end stops using MPS it asks the daemon to ``quit`` (then terminates it).
+``nvidia-cuda-mps-control -f`` running with its pipe, log and shared-memory directories on the
+host (so client containers can mount them), restarts it with back-off when it exits, and sets
+the daemon's defaults once it answers; when the node's back-end stops using MPS it asks the
+daemon to ``quit`` (then terminates it).
 The daemon runs in the foreground under the supervisor (``-f``; ``-d`` would fork away and
 leave nothing to watch). Its state is written to a small JSON file the agent reads for metrics.
 """

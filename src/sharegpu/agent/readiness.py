@@ -39,9 +39,10 @@ HAMI_FIX = (
 )
 MPS_FIX = (
     "start the MPS control daemon: enable the chart's agent.mps.enabled (the mps-control "
-    "container runs nvidia-cuda-mps-control on mps and hami-mps nodes), or run `nvidia-cuda-mps-control -d` "
-    "with CUDA_MPS_PIPE_DIRECTORY={pipe}; pods that may run without isolation can opt out with "
-    "CGPU_DISABLE=true or the node label cgpu.disable.isolation=true"
+    "container runs nvidia-cuda-mps-control on mps and hami-mps nodes), or run "
+    "`nvidia-cuda-mps-control -d` with CUDA_MPS_PIPE_DIRECTORY={pipe}; pods that may run "
+    "without isolation can opt out with CGPU_DISABLE=true or the node label "
+    "cgpu.disable.isolation=true"
 )
 
 
