@@ -69,6 +69,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "places on it, each holding all it can get")
     p.add_argument("--compare", action="store_true",
                    help="also measure kernel launch and allocation rates without the limits")
+    p.add_argument("--crash", action="store_true",
+                   help="also let a pod crash (killed, then a fatal GPU fault) beside a "
+                        "neighbour pod, and see what the neighbour and a later pod get")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--cuda-library", default="libcuda.so.1", metavar="NAME",
                    help="the CUDA driver library the probes load (default libcuda.so.1)")
@@ -137,6 +140,7 @@ def request(args: argparse.Namespace):
         mps_pipe_dir=os.path.abspath(args.mps_pipe_dir), compute_policy=int(policy),
         seconds=seconds, compare=bool(args.compare), cuda_library=args.cuda_library,
         fill=bool(args.fill), kernel=args.compute_kernel, reserve_mib=reserve,
+        crash=bool(args.crash),
     )
 
 
