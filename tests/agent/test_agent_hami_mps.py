@@ -35,6 +35,7 @@ from sharegpu.agent.isolation import (
     IsolationConfig,
     backend_for,
     isolation_env,
+    other_user,
     overridden_limits,
     parse_core_mem,
     parse_policy,
@@ -137,6 +138,19 @@ def test_a_container_setting_the_limits_itself_is_named():
     assert overridden_limits(Backend.NONE, spec) == []
     # its own LD_PRELOAD is no problem: the loader's preload list loads HAMi-core anyway
     assert overridden_limits(Backend.HAMI_MPS, {"env": spec["env"][:1]}) == []
+
+
+def test_a_container_of_another_user_than_the_mps_daemons_is_named():
+    assert other_user({}, {}, 0) is None  # the image's own USER: not known here
+    assert other_user({}, {"securityContext": {"runAsUser": 1000}}, 0) == "runs as UID 1000"
+    # the container's own setting wins over the pod's
+    assert other_user({"securityContext": {"runAsUser": 0}},
+                      {"securityContext": {"runAsUser": 1000}}, 0) is None
+    assert other_user({"securityContext": {"runAsNonRoot": True}}, {}, 0) == \
+        "must run as a non-root user (runAsNonRoot)"
+    assert other_user({"securityContext": {"runAsUser": 1000, "runAsNonRoot": True}}, {},
+                      1000) is None
+    assert other_user({"securityContext": {"runAsUser": "x"}}, {}, 0) == "runs as runAsUser 'x'"
 
 
 def test_readiness_names_the_missing_part_and_its_fix(tmp_path):
@@ -257,6 +271,26 @@ async def test_a_container_that_sets_the_limits_itself_is_refused(harness, mps_d
                                                         "CUDA_MPS_PIPE_DIRECTORY": "/x"}}))
     r = await h.kubelet.allocate(names.RES_GPU_MEM, mem_ids(h, 0, 2))
     assert "LD_PRELOAD" not in r.envs and "CUDA_MPS_PIPE_DIRECTORY" not in r.envs
+
+
+async def test_a_container_of_another_user_is_refused(harness, mps_daemon):
+    h = await harness(GPUS, mode="core_mem", isolation_check_s=0.1, **HAMI_MPS)
+    await wait_until(lambda: h.agent.readiness.ready)
+    pod = make_pod("u", [{"mem": 4, "core": 30}], alloc={0: {1: 4}}, core={0: {1: 30}})
+    pod["spec"]["securityContext"] = {"runAsUser": 1000}
+    h.kube.add_pod(pod)
+    err = await allocate_error(h, names.RES_GPU_MEM, mem_ids(h, 1, 4))
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert err.details() == (
+        f"node {NODE}: isolation back-end hami-mps refuses default/u/c0: the container runs as "
+        "UID 1000, but the MPS control daemon serves UID 0 and MPS serves one user at a time: "
+        "its CUDA calls would wait until the daemon's server exits; fix: run it as UID 0 "
+        "(securityContext.runAsUser), or opt it out of isolation with CGPU_DISABLE=true")
+    # as root (the container's own setting), the same pod is served
+    pod["spec"]["containers"][0]["securityContext"] = {"runAsUser": 0}
+    h.kube.add_pod(pod)
+    r = await h.kubelet.allocate(names.RES_GPU_MEM, mem_ids(h, 1, 4))
+    assert r.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
 
 
 async def test_the_mps_daemon_follows_the_agents_backend(harness, short_dir):

@@ -180,6 +180,9 @@ class IsolationConfig:
     mps_pipe_dir: str = "/run/nvidia/mps"  # host dir of the MPS control daemon's pipes
     mps_shm_dir: str = "/run/nvidia/mps-shm"  # host dir the daemon and clients share as /dev/shm
     mps_container_pipe_dir: str = "/tmp/nvidia-mps"
+    # the user the MPS control daemon runs as (the chart's mps-control container: root); MPS
+    # serves one user at a time, so its clients must run as the same user
+    mps_user: int = 0
     compute_policy: ComputePolicy = ComputePolicy.NATIVE
 
 
@@ -307,6 +310,29 @@ def overridden_limits(backend: Backend, container: Mapping[str, Any]) -> list[st
         if backend.uses_mps and name.startswith(MPS_LIMIT_PREFIX):
             out.add(name)
     return sorted(out)
+
+
+def _security(spec: Mapping[str, Any]) -> Mapping[str, Any]:
+    sc = spec.get("securityContext")
+    return sc if isinstance(sc, Mapping) else {}
+
+
+def other_user(container: Mapping[str, Any], pod_spec: Mapping[str, Any],
+               daemon_user: int) -> str | None:
+    """How ``container`` (of a pod with ``pod_spec``) is known to run as another user than the
+    MPS daemon's, or ``None`` (the same user, or not known: the image's own ``USER``)."""
+    own, pod = _security(container), _security(pod_spec)
+    uid = own.get("runAsUser", pod.get("runAsUser"))
+    non_root = own.get("runAsNonRoot", pod.get("runAsNonRoot"))
+    if uid is not None:
+        try:
+            uid = int(uid)
+        except (TypeError, ValueError):
+            return f"runs as runAsUser {uid!r}"
+        return None if uid == daemon_user else f"runs as UID {uid}"
+    if non_root is True and daemon_user == 0:
+        return "must run as a non-root user (runAsNonRoot)"
+    return None
 
 
 def disabled(container: Mapping[str, Any], node_labels: Mapping[str, str]) -> bool:
