@@ -69,6 +69,19 @@ def test_the_compute_row_fails_when_mps_does_not_apply_the_share(node, standin_v
     assert c["mem.reachable"]["ok"] is True and r.returncode == 1
 
 
+def test_an_interposer_that_lets_memory_past_the_limit(node, standin_vgpu, pipe):
+    """HAMi-core's stand-in letting each process 512 MiB past the limit: MPS's per-process limit
+    still stops one process at the limit, but two processes of the pod together get past it,
+    and the two-process row says so."""
+    node.update(FAKECUDA_MPS="1", STANDIN_VGPU_SLACK_MIB="512")
+    with mps_standin(node, pipe):
+        r = hami_mps(node, standin_vgpu, pipe, "--mem", "2", "--json")
+    c = rows(r)
+    assert c["mem.reachable"]["ok"] is True and c["mem.reachable"]["measured"] == 2048.0
+    assert c["shared.sum"]["ok"] is False and c["shared.sum"]["measured"] == 2048.0 + 512
+    assert r.returncode == 1
+
+
 def test_refused_without_either_part(node, standin_vgpu, pipe, tmp_path):
     node["FAKECUDA_MPS"] = "1"
     r = hami_mps(node, standin_vgpu, pipe, "--mem", "2")
