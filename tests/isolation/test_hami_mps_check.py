@@ -163,3 +163,33 @@ def test_the_gpu_bench_fails_when_a_split_does_not_hold(tmp_path, node, standin_
     share = next(c for c in s["checks"] if c["key"] == "compute.share")
     assert share["ok"] is False and share["measured"] > 15
     assert rc == 1
+
+
+def test_the_dra_gpu_bench_runs_hami_mps_on_the_fakes(tmp_path, fake_cuda_dir, standin_vgpu):
+    """bench/dra_isolation_gpu.py --backend hami-mps: claims on a core_mem node prepared by the
+    agent's DRA plugin, their CDI edits carrying both limits, applied to probe processes."""
+    nvml = tmp_path / "fakenvml"
+    nvml.mkdir()
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(nvml / "libnvidia-ml.so.1"),
+                    str(ROOT / "tests" / "agent" / "fakenvml" / "fakenvml.c")], check=True)
+    out = tmp_path / "out.json"
+    path = os.path.dirname(MPS_STANDIN) + os.pathsep + os.environ.get("PATH", "")
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "dra_isolation_gpu.py"), "--backend", "hami-mps",
+         "--hami-library", standin_vgpu, "--no-torch", "--json", str(out)],
+        env={**os.environ, "PATH": path, "LD_LIBRARY_PATH": f"{nvml}:{fake_cuda_dir}",
+             "FAKENVML_GPUS": "NVIDIA H100 80GB HBM3:81559", "FAKECUDA_MPS": "1",
+             "FAKECUDA_STATE_DIR": str(tmp_path / "fakecuda-state"),
+             "STANDIN_VGPU_LOCK_DIR": str(tmp_path / "vgpulock")},
+        capture_output=True, text=True, timeout=240)
+    assert out.exists(), r.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    got = {c["key"]: c for s in doc["scenarios"] for c in s["checks"]}
+    assert r.returncode == 0, [c for c in got.values() if c["ok"] is False]
+    a = doc["claims"]["claim-a"]["env"]
+    assert a["CUDA_DEVICE_MEMORY_LIMIT_0"] == "4096m" and "CUDA_DEVICE_SM_LIMIT" not in a
+    assert a["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+    assert a["GPU_CORE_UTILIZATION_POLICY"] == "disable"
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in doc["claims"]["claim-b"]["env"]
+    for key in ("claim-a.library", "claim-a.pipe", "claim-b.library", "claim-b.pipe"):
+        assert got[key]["ok"] is True, got[key]
