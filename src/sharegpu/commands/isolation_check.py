@@ -16,7 +16,8 @@ DESCRIPTION = (
     "agent gives a container with --mem GiB (and --core %), and measures: the memory the probe "
     "sees, the largest allocation it gets, that the next one fails cleanly with "
     "CUDA_ERROR_OUT_OF_MEMORY, that two processes of one container share the limit, and (with "
-    "--core) the share of a GPU two pods with P % and 100-P % get. Exit code 0 when every "
+    "--core) the share of a GPU two pods with P % and 100-P % get; with --crash, what a "
+    "neighbour pod and a later pod get when a pod is killed or faults. Exit code 0 when every "
     "limit holds, 1 when one does not, 2 when the probes cannot run."
 )
 CORE_RULE = "must be a multiple of 5 from 5 to 100 (percent of one GPU's compute)"
