@@ -30,7 +30,9 @@ the host, container paths replaced by the mounts' host paths, and ``NVIDIA_VISIB
 - ``NodeUnprepareResources``: the specs and the claims' cache directories are gone.
 
 ``--backend mps`` does the same on an ``mps`` node, with a control daemon this script starts on
-a pipe directory of its own. Exit code 0 when every check held, 1 otherwise.
+a pipe directory of its own; ``--backend hami-mps`` on a ``core_mem`` node whose agent gives
+``core_mem`` hami-mps (HAMi-core's memory limit and MPS's compute share), with such a daemon.
+Exit code 0 when every check held, 1 otherwise.
 ``tests/isolation/test_dra_isolation_bench.py`` runs this script in CI against the fake NVML,
 the fake CUDA driver and the stand-in interposer, so what runs on the GPU is what CI runs.
 """
@@ -62,7 +64,12 @@ from dra_kubelet import TestDraKubelet, cdi_registry, container_view  # noqa: E4
 from isolation_gpu import mps_daemon, nvml_process_mib, torch_checks, torch_run  # noqa: E402
 from sharegpu import dra, names  # noqa: E402
 from sharegpu.agent.draplugin import DraConfig, DraPlugin  # noqa: E402
-from sharegpu.agent.isolation import HAMI_CONTAINER_LIBRARY, IsolationConfig, Mount  # noqa: E402
+from sharegpu.agent.isolation import (  # noqa: E402
+    HAMI_CONTAINER_LIBRARY,
+    Backend,
+    IsolationConfig,
+    Mount,
+)
 from sharegpu.agent.kube import MemoryKube  # noqa: E402
 from sharegpu.agent.nvml import RealNvml  # noqa: E402
 from sharegpu.agent.service import Agent, AgentConfig  # noqa: E402
@@ -141,7 +148,8 @@ async def prepare(args: argparse.Namespace, root: str) -> tuple[dict[str, Any], 
     """The agent and its DRA plugin on this node's GPUs; the claims prepared through the test
     kubelet; what each container would get."""
     kube = MemoryKube()
-    kube.add_node(NODE, {names.LABEL_SCHEDULE: "mps" if args.backend == "mps" else "cgpu"})
+    mode = {"hami": "cgpu", "mps": "mps", "hami-mps": "core_mem"}[args.backend]
+    kube.add_node(NODE, {names.LABEL_SCHEDULE: mode})
     claims = [p.obj(args.gpu) for p in PLANS]
     for c in claims:
         kube.claims[(NS, c["metadata"]["name"])] = c
@@ -151,7 +159,7 @@ async def prepare(args: argparse.Namespace, root: str) -> tuple[dict[str, Any], 
     await dp.start()
     agent = Agent(AgentConfig(
         node_name=NODE, device_plugin_dir=f"{root}/dp", state_dir=f"{root}/state",
-        mps_control=(args.mps_control,),
+        mps_control=(args.mps_control,), core_mem_isolation=Backend.HAMI_MPS,
         isolation_paths=IsolationConfig(hami_library=args.hami_library,
                                         hami_cache_dir=f"{root}/vgpu-cache",
                                         hami_lock_dir=f"{root}/vgpulock",
@@ -212,16 +220,19 @@ def edits_checks(plan: ClaimPlan, view: dict[str, Any], gpu: dict[str, Any],
         check(f"{plan.name}.gpu", "GPU in the CDI edits", gpu["uuid"],
               env.get("NVIDIA_VISIBLE_DEVICES"), env.get("NVIDIA_VISIBLE_DEVICES") == gpu["uuid"]),
     ]
-    if args.backend == "mps":
+    wanted: list[tuple[str, str, str | None]] = []
+    if args.backend in ("mps", "hami-mps"):
         limit = f"0={plan.mem_gib * 1024}M"
         pipe = mounts.get(env.get("CUDA_MPS_PIPE_DIRECTORY", ""))
-        wanted = [("MPS memory limit", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", limit),
-                  ("MPS thread percentage", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", want_cores)]
+        wanted += [("MPS memory limit", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", limit),
+                   ("MPS thread percentage", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", want_cores)]
         out.append(check(f"{plan.name}.pipe", "MPS pipe directory mounted", args.mps_pipe_dir,
                          pipe, pipe == args.mps_pipe_dir))
-    else:
-        wanted = [("memory limit", "CUDA_DEVICE_MEMORY_LIMIT_0", f"{plan.mem_gib * 1024}m"),
-                  ("SM limit", "CUDA_DEVICE_SM_LIMIT", want_cores)]
+    if args.backend in ("hami", "hami-mps"):
+        # hami-mps: compute is MPS's, HAMi-core's own throttle stays off
+        sm = want_cores if args.backend == "hami" else None
+        wanted += [("memory limit", "CUDA_DEVICE_MEMORY_LIMIT_0", f"{plan.mem_gib * 1024}m"),
+                   ("SM limit", "CUDA_DEVICE_SM_LIMIT", sm)]
         lib = mounts.get(HAMI_CONTAINER_LIBRARY)
         out.append(check(f"{plan.name}.library", "library mounted", args.hami_library, lib,
                          lib == args.hami_library))
@@ -248,7 +259,9 @@ def measure(args: argparse.Namespace, got: dict[str, Any]) -> list[dict[str, Any
                 req = Request(backend=args.backend, mem_gib=plan.mem_gib, core=plan.cores,
                               gpu=args.gpu, hami_library=args.hami_library)
                 log(f"{plan.name}: memory probes under {plan.mem_gib} GiB ({args.backend})")
-                own = None  # hami: what a process sees used is its own
+                own = None  # hami, hami-mps: what a process sees used is its own
+                if args.backend == "hami-mps":
+                    runner.run("info", env)  # the first client starts the MPS server
                 if args.backend == "mps":
                     # an MPS client sees the device's total: its own memory (its context,
                     # smaller with a smaller share of the SMs) is what the driver counts for
@@ -362,8 +375,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hami-library", required=True, help="HAMi-core's libvgpu.so")
     p.add_argument("--hami-commit", default="?", help="the HAMi-core commit it was built from")
     p.add_argument("--gpu", type=int, default=0)
-    p.add_argument("--backend", choices=("hami", "mps"), default="hami",
-                   help="the node's isolation back-end: cgpu (HAMi-core) or mps")
+    p.add_argument("--backend", choices=("hami", "mps", "hami-mps"), default="hami",
+                   help="the node's isolation back-end: cgpu (HAMi-core), mps, or core_mem on "
+                        "hami-mps")
     p.add_argument("--mps-control", default="nvidia-cuda-mps-control")
     p.add_argument("--no-torch", dest="torch", action="store_false",
                    help="leave out the PyTorch scenario (a machine without PyTorch)")

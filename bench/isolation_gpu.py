@@ -1,6 +1,6 @@
 """Isolation measured on a real GPU: every scenario of ``sharegpu isolation-check`` for the
-hami and mps back-ends, and PyTorch under a limit, in one run, as tables (bench/README.md,
-"Isolation on a real GPU").
+hami, mps and hami-mps back-ends, and PyTorch under a limit, in one run, as tables
+(bench/README.md, "Isolation on a real GPU").
 
 Run on a GPU node (no Kubernetes needed) with the HAMi-core library to measure:
 
@@ -17,6 +17,13 @@ environment the node agent's Allocate returns):
   of what a pod takes.
 - mps, when ``nvidia-cuda-mps-control`` is on the PATH: the same, with a control daemon this
   script starts (and quits) on a pipe directory of its own.
+- hami-mps (HAMi-core's memory limit per container, MPS's compute share), with such a daemon
+  too: 2 GiB with ``--compare`` (launch overhead over the bare GPU); 2 GiB + 30 % beside 70 %
+  and 2 GiB + 10 % beside 90 % (each share ±5 points; each run also holds two processes of one
+  pod to the limit together, ±1 %); the 30 % split again with the clock kernel; 2 GiB + 30 %
+  with ``--crash`` (a pod killed mid-kernel, then one hitting a fatal fault, beside a 70 %
+  neighbour: what the neighbour and a later pod get); 20 GiB, filled. Only this group:
+  ``--only hami-mps``.
 - torch: a PyTorch process in the hami container environment for 4 GiB: what
   ``torch.cuda.mem_get_info()`` reports, what it can allocate before
   ``torch.OutOfMemoryError`` (and what NVML sees the process use then), and that it computes
@@ -217,7 +224,8 @@ def scenario_row(name: str, backend: str, req: Request | None, checks: list[Chec
 def run_scenario(results: Results, name: str, req: Request) -> None:
     log(f"{name}: {req.backend} {req.mem_gib} GiB"
         + (f" + {req.core} % ({req.kernel})" if req.core else "")
-        + (" fill" if req.fill else "") + (" compare" if req.compare else ""))
+        + (" fill" if req.fill else "") + (" compare" if req.compare else "")
+        + (" crash" if req.crash else ""))
     t0 = time.monotonic()
     try:
         rep = run_check(req, progress=lambda m: log(f"  {m}"))
@@ -295,7 +303,7 @@ def markdown(doc: dict[str, Any]) -> str:
         f"{m.get('date', '?')}.",
         "",
     ]
-    for backend in ("hami", "mps"):
+    for backend in ("hami", "mps", "hami-mps"):
         rows = [s for s in doc["scenarios"] if s["backend"] == backend]
         if not rows:
             continue
@@ -312,7 +320,7 @@ def markdown(doc: dict[str, Any]) -> str:
                            f"{res} |")
         out.append("")
     if m.get("mps_absent"):
-        out.append(f"mps: {m['mps_absent']}")
+        out.append(f"mps, hami-mps: {m['mps_absent']}")
     return "\n".join(out) + "\n"
 
 
@@ -344,14 +352,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=5.0, help="compute probes' length")
     p.add_argument("--mps-control", default="nvidia-cuda-mps-control")
     p.add_argument("--only", action="append", default=[],
-                   help="run only these scenario groups (hami, torch, mps)")
+                   help="run only these scenario groups (hami, torch, mps, hami-mps)")
     p.add_argument("--scenario", action="append", default=[],
-                   help="run only these hami/mps scenarios (by name, e.g. '20 GiB, filled')")
+                   help="run only these hami/mps/hami-mps scenarios (by name, e.g. "
+                        "'20 GiB, filled')")
     p.add_argument("--json", default=None, help="write the results here (as they come)")
     p.add_argument("--markdown", default=None, help="write the tables here at the end")
     args = p.parse_args(argv)
     args.hami_library = os.path.abspath(args.hami_library)
-    groups = set(args.only or ["hami", "torch", "mps"])
+    groups = set(args.only or ["hami", "torch", "mps", "hami-mps"])
     results = Results(args.json, meta(args))
     common = dict(gpu=args.gpu, seconds=args.seconds, hami_library=args.hami_library)
     plans = [
@@ -360,25 +369,39 @@ def main(argv: list[str] | None = None) -> int:
         ("2 GiB + 30 %", dict(mem_gib=2, core=30)),
         ("2 GiB + 30 %, clock kernel", dict(mem_gib=2, core=30, kernel="spin")),
     ]
+    both = [
+        ("2 GiB", dict(mem_gib=2, compare=True)),
+        ("2 GiB + 30 %", dict(mem_gib=2, core=30)),
+        ("2 GiB + 10 %", dict(mem_gib=2, core=10)),
+        ("2 GiB + 30 %, clock kernel", dict(mem_gib=2, core=30, kernel="spin")),
+        ("2 GiB + 30 %, a pod crashes", dict(mem_gib=2, core=30, crash=True)),
+        ("20 GiB, filled", dict(mem_gib=20, fill=True)),
+    ]
     if args.scenario:
         plans = [(n, kw) for n, kw in plans if n in args.scenario]
+        both = [(n, kw) for n, kw in both if n in args.scenario]
     if "hami" in groups:
         for name, kw in plans:
             run_scenario(results, name, Request(backend="hami", **common, **kw))
     if "torch" in groups:
         run_torch(results, args)
-    if "mps" in groups:
+    mps_groups = [("mps", plans), ("hami-mps", both)]
+    if any(g in groups for g, _ in mps_groups):
         control = shutil.which(args.mps_control)
         if control is None:
             results.doc["meta"]["mps_absent"] = (f"{args.mps_control} is not on this machine: "
-                                                 "the mps back-end was not measured")
+                                                 "the mps and hami-mps back-ends were not "
+                                                 "measured")
             log(results.doc["meta"]["mps_absent"])
         else:
             try:
                 with mps_daemon(control) as (pipe, _logs):
-                    for name, kw in plans:
-                        run_scenario(results, name, Request(
-                            backend="mps", mps_pipe_dir=pipe, **common, **kw))
+                    for backend, group in mps_groups:
+                        if backend not in groups:
+                            continue
+                        for name, kw in group:
+                            run_scenario(results, name, Request(
+                                backend=backend, mps_pipe_dir=pipe, **common, **kw))
             except (OSError, subprocess.SubprocessError) as e:
                 results.doc["meta"]["mps_absent"] = f"the MPS control daemon did not start: {e}"
                 log(results.doc["meta"]["mps_absent"])

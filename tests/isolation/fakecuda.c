@@ -28,6 +28,13 @@
  *   FAKECUDA_MPS_CTX_MIB    the memory a client's context takes (a real client's context is
  *                        smaller than a bare process's, and shrinks with its share of the SMs)
  *
+ * A fatal fault: a module whose PTX holds "sharegpu-fault" has a kernel that faults. Its launch
+ * returns CUDA_SUCCESS and every later launch and synchronize of that context fails with
+ * CUDA_ERROR_ILLEGAL_ADDRESS, as a real context after an illegal address. An MPS client's fault
+ * reaches every MPS client whose context was made before it on the same GPU (gpu<i>.fault counts
+ * the faults), as the MPS documentation says of a fatal fault on Volta and later; a process
+ * outside MPS faults alone, and a client made after the fault is not affected.
+ *
  * Build: gcc -shared -fPIC -o libcuda.so.1 fakecuda.c
  */
 #define _GNU_SOURCE
@@ -62,6 +69,7 @@ typedef void *CUstream;
 #define CUDA_ERROR_INVALID_CONTEXT 201
 #define CUDA_ERROR_INVALID_HANDLE 400
 #define CUDA_ERROR_NOT_FOUND 500
+#define CUDA_ERROR_ILLEGAL_ADDRESS 700
 
 #define MAX_GPUS 16
 #define MAX_RECORDS 256
@@ -96,6 +104,9 @@ static size_t alloc_count, alloc_cap;
 static CUdeviceptr next_ptr = 0x700000000000ULL;
 static int run_fd = -1;
 static char module_tag, function_tag;
+static char fault_module_tag, fault_function_tag;
+static int faulted;                   /* this context hit a fatal fault */
+static unsigned long long ctx_faults; /* the GPU's MPS fault count when the context was made */
 
 static unsigned long long parse_size(const char *s) {
     char *end;
@@ -321,6 +332,37 @@ static void uncharge(unsigned long long bytes) {
     if (fd >= 0) mem_unlock(fd, recs, own_bytes);
 }
 
+/* The faults of MPS clients on ``gpu`` so far (gpu<i>.fault, a counter). */
+static unsigned long long mps_faults(int gpu) {
+    unsigned long long n = 0;
+    int fd = state_file(gpu, "fault");
+    if (fd < 0) return 0;
+    flock(fd, LOCK_SH);
+    ssize_t r = pread(fd, &n, sizeof n, 0);
+    flock(fd, LOCK_UN);
+    close(fd);
+    return r == (ssize_t)sizeof n ? n : 0;
+}
+
+static void mps_fault(int gpu) {
+    unsigned long long n = 0;
+    int fd = state_file(gpu, "fault");
+    if (fd < 0) return;
+    flock(fd, LOCK_EX);
+    if (pread(fd, &n, sizeof n, 0) != (ssize_t)sizeof n) n = 0;
+    n++;
+    ssize_t w = pwrite(fd, &n, sizeof n, 0);
+    (void)w;
+    flock(fd, LOCK_UN);
+    close(fd);
+}
+
+/* Whether this context is dead of a fault: its own, or (MPS) another client's since it began. */
+static int dead(void) {
+    if (!faulted && mps && mps_faults(ctx_gpu) > ctx_faults) faulted = 1;
+    return faulted;
+}
+
 CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice dev) {
     (void)flags;
     if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
@@ -330,6 +372,8 @@ CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice dev) {
     if (ctx_gpu >= 0) return CUDA_ERROR_INVALID_VALUE; /* one context per process here */
     ctx_gpu = g;
     ctx_ordinal = dev;
+    faulted = 0;
+    ctx_faults = mps_faults(g);
     CUresult rc = charge(ctx_bytes);
     if (rc != CUDA_SUCCESS) {
         ctx_gpu = ctx_ordinal = -1;
@@ -366,7 +410,8 @@ CUresult cuCtxSetCurrent(CUcontext ctx) {
 
 CUresult cuCtxSynchronize(void) {
     if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
-    return ctx_gpu < 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_SUCCESS; /* launches are synchronous */
+    if (ctx_gpu < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    return dead() ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_SUCCESS; /* launches are synchronous */
 }
 
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
@@ -427,16 +472,16 @@ CUresult cuModuleLoadData(CUmodule *module, const void *image) {
     if (!module || !image) return CUDA_ERROR_INVALID_VALUE;
     const char *ptx = image;
     if (!strstr(ptx, ".version") || !strstr(ptx, ".entry spin")) return CUDA_ERROR_INVALID_IMAGE;
-    *module = &module_tag;
+    *module = strstr(ptx, "sharegpu-fault") ? &fault_module_tag : &module_tag;
     return CUDA_SUCCESS;
 }
 
 CUresult cuModuleGetFunction(CUfunction *func, CUmodule module, const char *name) {
     if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
-    if (module != &module_tag) return CUDA_ERROR_INVALID_HANDLE;
+    if (module != &module_tag && module != &fault_module_tag) return CUDA_ERROR_INVALID_HANDLE;
     if (!func || !name) return CUDA_ERROR_INVALID_VALUE;
     if (strcmp(name, "spin")) return CUDA_ERROR_NOT_FOUND;
-    *func = &function_tag;
+    *func = module == &fault_module_tag ? &fault_function_tag : &function_tag;
     return CUDA_SUCCESS;
 }
 
@@ -446,7 +491,13 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
     (void)shared, (void)stream, (void)extra;
     if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
     if (ctx_gpu < 0) return CUDA_ERROR_INVALID_CONTEXT;
-    if (f != &function_tag) return CUDA_ERROR_INVALID_HANDLE;
+    if (f != &function_tag && f != &fault_function_tag) return CUDA_ERROR_INVALID_HANDLE;
+    if (dead()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    if (f == &fault_function_tag) { /* the fault shows at the next synchronize */
+        faulted = 1;
+        if (mps) mps_fault(ctx_gpu);
+        return CUDA_SUCCESS;
+    }
     unsigned long long blocks = (unsigned long long)gx * gy * gz;
     unsigned long long threads = (unsigned long long)bx * by * bz;
     if (!params || !params[0] || blocks == 0 || threads == 0 || threads > 1024)
@@ -480,6 +531,7 @@ CUresult cuGetErrorName(CUresult error, const char **str) {
     case CUDA_ERROR_INVALID_CONTEXT: *str = "CUDA_ERROR_INVALID_CONTEXT"; break;
     case CUDA_ERROR_INVALID_HANDLE: *str = "CUDA_ERROR_INVALID_HANDLE"; break;
     case CUDA_ERROR_NOT_FOUND: *str = "CUDA_ERROR_NOT_FOUND"; break;
+    case CUDA_ERROR_ILLEGAL_ADDRESS: *str = "CUDA_ERROR_ILLEGAL_ADDRESS"; break;
     default: *str = NULL; return CUDA_ERROR_INVALID_VALUE;
     }
     return CUDA_SUCCESS;

@@ -202,7 +202,7 @@ def args(tmp_path, lib="/nope/libvgpu.so", **kw) -> argparse.Namespace:
     base = dict(backend="hami", mem="2", core=None, gpu="0", hami_library=lib,
                 hami_installed=str(tmp_path / "installed"), mps_pipe_dir=str(tmp_path),
                 mps_control=MPS_STANDIN, compute_policy="5", seconds="5", compare=False,
-                fill=False, compute_kernel="burn", reserve_mib="0",
+                fill=False, compute_kernel="burn", reserve_mib="0", crash=False,
                 json=False, cuda_library="libcuda.so.1")
     base.update(kw)
     return argparse.Namespace(**base)
@@ -215,6 +215,9 @@ def test_request_from_arguments(tmp_path, node_lib, mps_pipe):
     assert cmd.request(args(tmp_path, node_lib, core="100")).core == 100
     mps = cmd.request(args(tmp_path, backend="mps", mps_pipe_dir=mps_pipe))
     assert mps.backend == "mps"
+    both = cmd.request(args(tmp_path, node_lib, backend="hami-mps", mps_pipe_dir=mps_pipe,
+                            crash=True))
+    assert (both.backend, both.hami_library, both.crash) == ("hami-mps", node_lib, True)
 
 
 @pytest.mark.parametrize(("kw", "field"), [

@@ -47,6 +47,8 @@ from .isolation import (
     IsolationConfig,
     disabled,
     isolation_env,
+    other_user,
+    overridden_limits,
 )
 
 log = logging.getLogger(__name__)
@@ -88,6 +90,7 @@ class Candidate:
     assume_time: int
     required: frozenset[str] = frozenset()  # resources the kubelet allocates for it
     container_spec: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    pod_spec: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -171,6 +174,7 @@ def pending_candidates(pods: Iterable[Mapping[str, Any]], node: str) -> list[Can
                     assume_time=assume_time(ann),
                     required=_required(req.kind, bool(alloc.core.get(c))),
                     container_spec=cspec,
+                    pod_spec=spec,
                 )
             )
     return out
@@ -408,6 +412,23 @@ class Allocator:
         b = Backend.NONE if c.whole or disabled(c.container_spec, node_labels) else backend
         if b is not Backend.NONE and guard is not None:
             guard(b, c)  # fail closed: no isolated GPU without a usable back-end
+        own = overridden_limits(b, c.container_spec)
+        if own:
+            raise IsolationUnavailable(
+                f"node {self.node}: isolation back-end {b.value} refuses {c.ref}: the container "
+                f"sets {', '.join(own)} itself, which would replace the limits the agent gives "
+                "it; fix: remove them from the container's env (its limits come from its "
+                "gpu-mem and gpu-core.percentage), or opt it out of isolation with "
+                "CGPU_DISABLE=true", c)
+        user = other_user(c.container_spec, c.pod_spec, self.isolation.mps_user) \
+            if b.uses_mps else None
+        if user:
+            raise IsolationUnavailable(
+                f"node {self.node}: isolation back-end {b.value} refuses {c.ref}: the container "
+                f"{user}, but the MPS control daemon serves UID {self.isolation.mps_user} and MPS "
+                "serves one user at a time: its CUDA calls would wait until the daemon's server "
+                f"exits; fix: run it as UID {self.isolation.mps_user} (securityContext.runAsUser), "
+                "or opt it out of isolation with CGPU_DISABLE=true", c)
         gpu_mem = {g: self.devices.gpus[g].mem_gib for g in gpus}
         if resource == names.RES_GPU_CORE:
             # The memory side sets the full environment; compute only repeats its own limit.

@@ -11,6 +11,16 @@ back-end (SPEC §6), and the cGPU compute policy that decides how compute is sha
 - ``mps`` (mode ``mps``): the MPS client limits ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` and
   ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, with the control daemon's pipe directory and its shared
   memory directory (as ``/dev/shm``) mounted.
+- ``hami-mps`` (opt-in for ``core_mem``: ``--isolation hami-mps`` or ``--core-mem-isolation
+  hami-mps``): both limits for the whole container. Memory is HAMi-core's container-wide limit
+  (the library, the preload list and ``CUDA_DEVICE_MEMORY_LIMIT_<i>`` as for ``hami``, with
+  ``GPU_CORE_UTILIZATION_POLICY=disable`` and no ``CUDA_DEVICE_SM_LIMIT``: HAMi-core's own
+  launch throttle stays off so the two never fight); compute is MPS's
+  ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` through the node's MPS control daemon (pipe directory
+  and ``/dev/shm`` mounted as for ``mps``), and ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` at the
+  same figure binds each process as well, should a process escape the preload. Every isolated
+  container of the node is an MPS client, including one that asked no compute: a CUDA context
+  outside MPS would time-slice with the MPS server and break the caps of its clients.
 - ``none`` (mode ``share``, ``CGPU_DISABLE=true`` on the container, node label
   ``cgpu.disable.isolation=true``): only the GPUs.
 
@@ -60,10 +70,24 @@ def preload_list_text() -> str:
 class Backend(StrEnum):
     HAMI = "hami"
     MPS = "mps"
+    HAMI_MPS = "hami-mps"
     NONE = "none"
 
+    @property
+    def uses_hami(self) -> bool:
+        """Whether its containers preload HAMi-core's library."""
+        return self in (Backend.HAMI, Backend.HAMI_MPS)
 
-ISOLATION_CHOICES = ("auto", "hami", "mps", "none")
+    @property
+    def uses_mps(self) -> bool:
+        """Whether its containers are clients of the node's MPS control daemon."""
+        return self in (Backend.MPS, Backend.HAMI_MPS)
+
+
+ISOLATION_CHOICES = ("auto", "hami", "mps", "hami-mps", "none")
+# What ``auto`` may give a core_mem node (``--core-mem-isolation``): hami until GPU figures for
+# hami-mps are in (bench/README.md, "Isolation on a real GPU").
+CORE_MEM_CHOICES = ("hami", "hami-mps")
 
 
 class ComputePolicy(IntEnum):
@@ -88,41 +112,54 @@ POLICY_NAMES = {
 SUPPORTED_POLICIES: dict[Backend, frozenset[ComputePolicy]] = {
     Backend.HAMI: frozenset({ComputePolicy.FIXED, ComputePolicy.NATIVE}),
     Backend.MPS: frozenset({ComputePolicy.FIXED, ComputePolicy.NATIVE}),
+    Backend.HAMI_MPS: frozenset({ComputePolicy.FIXED, ComputePolicy.NATIVE}),
 }
 
 
-def backend_for(choice: str, mode: Mode) -> Backend:
-    """The back-end for ``--isolation`` (``auto`` follows the node's mode)."""
+def parse_core_mem(choice: str) -> Backend:
+    """``--core-mem-isolation``: the back-end ``auto`` gives a core_mem node."""
+    if choice not in CORE_MEM_CHOICES:
+        raise ValidationError("--core-mem-isolation", choice, "must be hami or hami-mps")
+    return Backend(choice)
+
+
+def backend_for(choice: str, mode: Mode, core_mem: Backend = Backend.HAMI) -> Backend:
+    """The back-end for ``--isolation`` (``auto`` follows the node's mode; a core_mem node gets
+    ``core_mem``)."""
     if choice not in ISOLATION_CHOICES:
-        raise ValidationError("--isolation", choice, "must be auto, hami, mps or none")
+        raise ValidationError("--isolation", choice, "must be auto, hami, mps, hami-mps or none")
     if choice != "auto":
         return Backend(choice)
-    if mode in (Mode.CGPU, Mode.CORE_MEM):
+    if mode is Mode.CORE_MEM:
+        return core_mem
+    if mode is Mode.CGPU:
         return Backend.HAMI
     if mode is Mode.MPS:
         return Backend.MPS
     return Backend.NONE
 
 
-def possible_backends(choice: str) -> list[Backend]:
+def possible_backends(choice: str, core_mem: Backend = Backend.HAMI) -> list[Backend]:
     """Every back-end the agent may use with ``--isolation choice`` (the node's mode can change
     while the agent runs, so ``auto`` may use any)."""
     if choice == "auto":
-        return [Backend.HAMI, Backend.MPS]
+        return sorted({Backend.HAMI, Backend.MPS, core_mem}, key=list(Backend).index)
     return [Backend(choice)] if choice in ISOLATION_CHOICES else []
 
 
-def parse_policy(value: object, isolation: str = "auto") -> ComputePolicy:
+def parse_policy(value: object, isolation: str = "auto",
+                 core_mem: Backend = Backend.HAMI) -> ComputePolicy:
     """``--compute-policy``: 0-5, refused when a back-end the agent may use cannot honour it."""
     try:
         policy = ComputePolicy(int(str(value).strip()))
     except ValueError:
         raise ValidationError("--compute-policy", value, "must be one of 0, 1, 2, 3, 4, 5 "
                               "(ACK's cGPU policies; 5 = native, the default)") from None
-    refusing = [b for b in possible_backends(isolation)
+    refusing = [b for b in possible_backends(isolation, core_mem)
                 if b in SUPPORTED_POLICIES and policy not in SUPPORTED_POLICIES[b]]
     if refusing:
-        which = " and ".join(b.value for b in refusing)
+        which = " and ".join([", ".join(b.value for b in refusing[:-1]), refusing[-1].value]
+                             if len(refusing) > 1 else [refusing[0].value])
         raise ValidationError(
             "--compute-policy", value,
             f"policy {int(policy)} ({POLICY_NAMES[policy]}) cannot be honoured by the {which} "
@@ -143,6 +180,9 @@ class IsolationConfig:
     mps_pipe_dir: str = "/run/nvidia/mps"  # host dir of the MPS control daemon's pipes
     mps_shm_dir: str = "/run/nvidia/mps-shm"  # host dir the daemon and clients share as /dev/shm
     mps_container_pipe_dir: str = "/tmp/nvidia-mps"
+    # the user the MPS control daemon runs as (the chart's mps-control container: root); MPS
+    # serves one user at a time, so its clients must run as the same user
+    mps_user: int = 0
     compute_policy: ComputePolicy = ComputePolicy.NATIVE
 
 
@@ -203,35 +243,96 @@ def isolation_env(
     envs: dict[str, str] = {}
     mounts: list[Mount] = []
     cap = compute_cap(config.compute_policy, mem=mem, core=core, gpu_mem=gpu_mem)
-    if backend is Backend.HAMI:
-        envs["LD_PRELOAD"] = HAMI_CONTAINER_LIBRARY
-        envs["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        for i, g in enumerate(gpus):
-            envs[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{int(mem[g]) * 1024}m"
-        if cap is not None and cap < names.CORE_PER_GPU:
-            envs["CUDA_DEVICE_SM_LIMIT"] = str(cap)
-            envs["GPU_CORE_UTILIZATION_POLICY"] = "force"
-        else:
-            envs["GPU_CORE_UTILIZATION_POLICY"] = "disable"
-        uid = pod_uid or "pod"
-        envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"/tmp/sharegpu-vgpu/{uid}.cache"
-        mounts.append(Mount(HAMI_CONTAINER_LIBRARY, config.hami_library, True))
-        mounts.append(Mount(PRELOAD_LIST, config.hami_preload_file, True))
-        mounts.append(Mount("/tmp/sharegpu-vgpu", f"{config.hami_cache_dir}/{uid}", False))
-        # HAMi-core serialises its per-GPU bookkeeping across containers with lock files here
-        mounts.append(Mount("/tmp/vgpulock", config.hami_lock_dir, False))
-    elif backend is Backend.MPS:
-        envs["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        envs["CUDA_MPS_PIPE_DIRECTORY"] = config.mps_container_pipe_dir
-        envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(
-            f"{i}={int(mem[g]) * 1024}M" for i, g in enumerate(gpus)
-        )
-        if cap is not None and cap < names.CORE_PER_GPU:
-            envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(cap)
-        mounts.append(Mount(config.mps_container_pipe_dir, config.mps_pipe_dir, False))
-        # the MPS server and its clients exchange buffers through shared memory
-        mounts.append(Mount("/dev/shm", config.mps_shm_dir, False))
+    capped = cap is not None and cap < names.CORE_PER_GPU
+    if backend.uses_hami:
+        _hami(envs, mounts, gpus, mem, pod_uid, config,
+              sm_limit=cap if capped and backend is Backend.HAMI else None)
+    if backend.uses_mps:
+        _mps(envs, mounts, gpus, mem, config, thread_percentage=cap if capped else None)
     return ContainerEnv(envs, tuple(mounts))
+
+
+def _hami(envs: dict[str, str], mounts: list[Mount], gpus: list[int], mem: Mapping[int, int],
+          pod_uid: str, config: IsolationConfig, *, sm_limit: int | None) -> None:
+    """HAMi-core: the container-wide memory limit, and its launch throttle at ``sm_limit``
+    (``None``: off)."""
+    envs["LD_PRELOAD"] = HAMI_CONTAINER_LIBRARY
+    envs["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    for i, g in enumerate(gpus):
+        envs[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{int(mem[g]) * 1024}m"
+    if sm_limit is not None:
+        envs["CUDA_DEVICE_SM_LIMIT"] = str(sm_limit)
+        envs["GPU_CORE_UTILIZATION_POLICY"] = "force"
+    else:
+        envs["GPU_CORE_UTILIZATION_POLICY"] = "disable"
+    uid = pod_uid or "pod"
+    envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"/tmp/sharegpu-vgpu/{uid}.cache"
+    mounts.append(Mount(HAMI_CONTAINER_LIBRARY, config.hami_library, True))
+    mounts.append(Mount(PRELOAD_LIST, config.hami_preload_file, True))
+    mounts.append(Mount("/tmp/sharegpu-vgpu", f"{config.hami_cache_dir}/{uid}", False))
+    # HAMi-core serialises its per-GPU bookkeeping across containers with lock files here
+    mounts.append(Mount("/tmp/vgpulock", config.hami_lock_dir, False))
+
+
+def _mps(envs: dict[str, str], mounts: list[Mount], gpus: list[int], mem: Mapping[int, int],
+         config: IsolationConfig, *, thread_percentage: int | None) -> None:
+    """An MPS client: the daemon's pipe directory and shared memory, each process's memory
+    limit, and its share of the SMs (``None``: all)."""
+    envs["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    envs["CUDA_MPS_PIPE_DIRECTORY"] = config.mps_container_pipe_dir
+    envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(
+        f"{i}={int(mem[g]) * 1024}M" for i, g in enumerate(gpus)
+    )
+    if thread_percentage is not None:
+        envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(thread_percentage)
+    mounts.append(Mount(config.mps_container_pipe_dir, config.mps_pipe_dir, False))
+    # the MPS server and its clients exchange buffers through shared memory
+    mounts.append(Mount("/dev/shm", config.mps_shm_dir, False))
+
+
+# The variables each back-end's limits live in. A container that sets one itself would replace
+# the agent's (the kubelet puts the pod's variables after the device plugin's), so it is
+# refused. ``LD_PRELOAD`` is not among them: the loader's preload list loads HAMi-core anyway.
+HAMI_LIMIT_ENVS = ("CUDA_DEVICE_SM_LIMIT", "GPU_CORE_UTILIZATION_POLICY",
+                   "CUDA_DEVICE_MEMORY_SHARED_CACHE", "CUDA_DISABLE_CONTROL")
+HAMI_LIMIT_PREFIX = "CUDA_DEVICE_MEMORY_LIMIT"
+MPS_LIMIT_PREFIX = "CUDA_MPS_"
+
+
+def overridden_limits(backend: Backend, container: Mapping[str, Any]) -> list[str]:
+    """The variables of ``backend``'s limits that ``container`` (a pod spec's container) sets
+    itself, sorted."""
+    out = set()
+    for e in container.get("env") or []:
+        name = str(e.get("name") or "") if isinstance(e, Mapping) else ""
+        if backend.uses_hami and (name in HAMI_LIMIT_ENVS or name.startswith(HAMI_LIMIT_PREFIX)):
+            out.add(name)
+        if backend.uses_mps and name.startswith(MPS_LIMIT_PREFIX):
+            out.add(name)
+    return sorted(out)
+
+
+def _security(spec: Mapping[str, Any]) -> Mapping[str, Any]:
+    sc = spec.get("securityContext")
+    return sc if isinstance(sc, Mapping) else {}
+
+
+def other_user(container: Mapping[str, Any], pod_spec: Mapping[str, Any],
+               daemon_user: int) -> str | None:
+    """How ``container`` (of a pod with ``pod_spec``) is known to run as another user than the
+    MPS daemon's, or ``None`` (the same user, or not known: the image's own ``USER``)."""
+    own, pod = _security(container), _security(pod_spec)
+    uid = own.get("runAsUser", pod.get("runAsUser"))
+    non_root = own.get("runAsNonRoot", pod.get("runAsNonRoot"))
+    if uid is not None:
+        try:
+            uid = int(uid)
+        except (TypeError, ValueError):
+            return f"runs as runAsUser {uid!r}"
+        return None if uid == daemon_user else f"runs as UID {uid}"
+    if non_root is True and daemon_user == 0:
+        return "must run as a non-root user (runAsNonRoot)"
+    return None
 
 
 def disabled(container: Mapping[str, Any], node_labels: Mapping[str, str]) -> bool:

@@ -1,10 +1,13 @@
-"""The MPS control daemon of an ``mps`` node: started, supervised, restarted and stopped.
+"""The MPS control daemon of a node whose isolation back-end uses MPS (``mps``, ``hami-mps``):
+started, supervised, restarted and stopped.
 
-The supervisor follows the node agent's mode (the file ``current-mode`` the agent keeps in its
-state directory): while the node is in ``mps`` mode it keeps one ``nvidia-cuda-mps-control -f``
-running with its pipe, log and shared-memory directories on the host (so client containers can
-mount them), restarts it with back-off when it exits, and sets the daemon's defaults once it
-answers; when the node leaves ``mps`` mode it asks the daemon to ``quit`` (then terminates it).
+The supervisor follows the node agent's back-end (the file ``current-backend`` the agent keeps
+in its state directory; without it, the mode in ``current-mode``): while the back-end uses MPS
+(an ``mps`` node, or a ``core_mem`` node on ``hami-mps``) it keeps one
+``nvidia-cuda-mps-control -f`` running with its pipe, log and shared-memory directories on the
+host (so client containers can mount them), restarts it with back-off when it exits, and sets
+the daemon's defaults once it answers; when the node's back-end stops using MPS it asks the
+daemon to ``quit`` (then terminates it).
 The daemon runs in the foreground under the supervisor (``-f``; ``-d`` would fork away and
 leave nothing to watch). Its state is written to a small JSON file the agent reads for metrics.
 """
@@ -26,6 +29,8 @@ log = logging.getLogger(__name__)
 
 STATE_FILE = "mps-daemon.json"
 CURRENT_MODE_FILE = "current-mode"  # written by the agent whenever its mode is set
+CURRENT_BACKEND_FILE = "current-backend"  # its isolation back-end, written with the mode
+MPS_BACKENDS = frozenset({"mps", "hami-mps"})
 
 
 @dataclass
@@ -57,6 +62,11 @@ class MpsSupervisor:
 
     # --- what the agent decided ---
     def wanted(self) -> bool:
+        try:
+            with open(os.path.join(self.config.state_dir, CURRENT_BACKEND_FILE)) as f:
+                return f.read().strip() in MPS_BACKENDS
+        except OSError:
+            pass
         try:
             with open(os.path.join(self.config.state_dir, CURRENT_MODE_FILE)) as f:
                 return parse_mode(f.read().strip()) is Mode.MPS
@@ -175,7 +185,7 @@ class MpsSupervisor:
             if time.monotonic() >= self._next_start:
                 await self._start()
         elif not want and (running or self.proc is not None):
-            log.info("node left mps mode: stopping the MPS control daemon")
+            log.info("the node's back-end no longer uses MPS: stopping the MPS control daemon")
             await self.stop()
 
     async def run(self) -> None:

@@ -5,6 +5,8 @@ an isolated GPU, and refuses (fails closed) when the answer is no.
   architecture, and loads in a child process (its dependencies, ``libcuda.so.1`` and
   ``libnvidia-ml.so.1``, resolve).
 - ``mps``: the MPS control daemon answers ``get_server_list`` on its pipe directory.
+- ``hami-mps``: both, the library first; the reason names the part that is missing and the fix
+  says how to provide that part.
 - ``none``: always usable (it isolates nothing).
 
 Each check returns a :class:`Readiness` whose ``reason`` says what is wrong and ``fix`` what the
@@ -37,9 +39,10 @@ HAMI_FIX = (
 )
 MPS_FIX = (
     "start the MPS control daemon: enable the chart's agent.mps.enabled (the mps-control "
-    "container runs nvidia-cuda-mps-control on mps nodes), or run `nvidia-cuda-mps-control -d` "
-    "with CUDA_MPS_PIPE_DIRECTORY={pipe}; pods that may run without isolation can opt out with "
-    "CGPU_DISABLE=true or the node label cgpu.disable.isolation=true"
+    "container runs nvidia-cuda-mps-control on mps and hami-mps nodes), or run "
+    "`nvidia-cuda-mps-control -d` with CUDA_MPS_PIPE_DIRECTORY={pipe}; pods that may run "
+    "without isolation can opt out with CGPU_DISABLE=true or the node label "
+    "cgpu.disable.isolation=true"
 )
 
 
@@ -189,6 +192,22 @@ def check_hami(path: str, *, machine: int | None = None, load: bool = True) -> R
     if problem:
         return Readiness(Backend.HAMI, False, problem, HAMI_FIX)
     return Readiness(Backend.HAMI, True)
+
+
+def check_hami_mps(
+    hami: Readiness, pipe_dir: str, control: Sequence[str] = ("nvidia-cuda-mps-control",),
+    timeout_s: float = 5.0,
+) -> Readiness:
+    """``hami-mps``: HAMi-core's part (``hami``, as :func:`check_hami` or the agent's own
+    checks of the library answered), then the MPS control daemon."""
+    if not hami.ready:
+        return Readiness(Backend.HAMI_MPS, False, f"memory limit (HAMi-core): {hami.reason}",
+                         hami.fix)
+    mps = check_mps(pipe_dir, control, timeout_s)
+    if not mps.ready:
+        return Readiness(Backend.HAMI_MPS, False, f"compute limit (MPS): {mps.reason}",
+                         mps.fix)
+    return Readiness(Backend.HAMI_MPS, True)
 
 
 def check_mps(

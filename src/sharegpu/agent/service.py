@@ -35,10 +35,17 @@ from .devices import SOCKETS, DeviceMap, devices_for
 from .draplugin import DraConfig, DraPlugin
 from .isolation import PRELOAD_FILE, Backend, IsolationConfig, backend_for
 from .kube import KubeApi
-from .mps import CURRENT_MODE_FILE
+from .mps import CURRENT_BACKEND_FILE, CURRENT_MODE_FILE
 from .nvml import Nvml
 from .plugin import KUBELET_SOCKET, DevicePlugin
-from .readiness import READY_NONE, Readiness, check_hami, check_mps, write_preload_list
+from .readiness import (
+    READY_NONE,
+    Readiness,
+    check_hami,
+    check_hami_mps,
+    check_mps,
+    write_preload_list,
+)
 from .slicepublisher import SlicePublisher, Wanted, slice_gpus
 
 log = logging.getLogger(__name__)
@@ -57,6 +64,8 @@ class AgentConfig:
     device_plugin_dir: str = "/var/lib/kubelet/device-plugins"
     state_dir: str = "/var/lib/sharegpu"
     isolation: str = "auto"
+    # the back-end "auto" gives a core_mem node: hami, or hami-mps (opt-in, docs/isolation.md)
+    core_mem_isolation: Backend = Backend.HAMI
     isolation_paths: IsolationConfig = field(default_factory=IsolationConfig)
     kubelet_poll_s: float = 0.2
     recover_after_s: float = 300.0  # a GPU is healthy again after this long without XIDs
@@ -216,14 +225,17 @@ class Agent:
             return Mode.EXCLUSIVE
 
     def _write_current_mode(self) -> None:
-        """The mode in force, for the MPS daemon's supervisor beside the agent."""
-        path = os.path.join(self.config.state_dir, CURRENT_MODE_FILE)
-        try:
-            with open(path + ".tmp", "w") as f:
-                f.write(self.mode.value + "\n")
-            os.replace(path + ".tmp", path)
-        except OSError as e:
-            log.warning("could not write %s: %s", path, e)
+        """The mode and the back-end in force, for the MPS daemon's supervisor beside the
+        agent (it runs the daemon while the back-end uses MPS)."""
+        for name, value in ((CURRENT_MODE_FILE, self.mode.value),
+                            (CURRENT_BACKEND_FILE, self.backend.value)):
+            path = os.path.join(self.config.state_dir, name)
+            try:
+                with open(path + ".tmp", "w") as f:
+                    f.write(value + "\n")
+                os.replace(path + ".tmp", path)
+            except OSError as e:
+                log.warning("could not write %s: %s", path, e)
 
     def _remember(self, mode: Mode) -> None:
         tmp = self._mode_path() + ".tmp"
@@ -286,7 +298,7 @@ class Agent:
 
     @property
     def backend(self) -> Backend:
-        return backend_for(self.config.isolation, self.mode)
+        return backend_for(self.config.isolation, self.mode, self.config.core_mem_isolation)
 
     # ------------------------------------------------------------------ isolation
     def hami_library(self) -> tuple[str, str | None]:
@@ -306,23 +318,30 @@ class Agent:
         return path, None
 
     def _check_now(self, backend: Backend) -> Readiness:
-        from .readiness import HAMI_FIX
-
         if backend is Backend.HAMI:
-            path, problem = self.hami_library()
-            if problem:
-                return Readiness(Backend.HAMI, False, problem, HAMI_FIX)
-            if path != self.allocator.isolation.hami_library:
-                self.allocator.isolation = replace(self.allocator.isolation, hami_library=path)
-            problem = write_preload_list(self.allocator.isolation.hami_preload_file)
-            if problem:
-                return Readiness(Backend.HAMI, False, problem,
-                                 f"make {self.config.state_dir} (--state-dir, the chart's "
-                                 "agent.stateDir) a writable host directory")
-            return check_hami(path, load=self.config.load_check)
+            return self._check_hami()
         if backend is Backend.MPS:
             return check_mps(self.config.isolation_paths.mps_pipe_dir, self.config.mps_control)
+        if backend is Backend.HAMI_MPS:
+            return check_hami_mps(self._check_hami(), self.config.isolation_paths.mps_pipe_dir,
+                                  self.config.mps_control)
         return READY_NONE
+
+    def _check_hami(self) -> Readiness:
+        """HAMi-core's part: the library (where the chart installed it), the preload list."""
+        from .readiness import HAMI_FIX
+
+        path, problem = self.hami_library()
+        if problem:
+            return Readiness(Backend.HAMI, False, problem, HAMI_FIX)
+        if path != self.allocator.isolation.hami_library:
+            self.allocator.isolation = replace(self.allocator.isolation, hami_library=path)
+        problem = write_preload_list(self.allocator.isolation.hami_preload_file)
+        if problem:
+            return Readiness(Backend.HAMI, False, problem,
+                             f"make {self.config.state_dir} (--state-dir, the chart's "
+                             "agent.stateDir) a writable host directory")
+        return check_hami(path, load=self.config.load_check)
 
     async def check_isolation(self, *, publish: bool = True) -> Readiness:
         """Check the node's back-end now; on a change, withhold or restore the isolated

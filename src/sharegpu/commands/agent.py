@@ -33,8 +33,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the kubelet's device-plugin directory (kubelet.sock)")
     p.add_argument("--state-dir", default="/var/lib/sharegpu",
                    help="where the last explicit mode is remembered")
-    p.add_argument("--isolation", default="auto", choices=("auto", "hami", "mps", "none"),
-                   help="isolation back-end (auto: hami for cgpu/core_mem, mps for mps, else none)")
+    p.add_argument("--isolation", default="auto",
+                   choices=("auto", "hami", "mps", "hami-mps", "none"),
+                   help="isolation back-end (auto: hami for cgpu, --core-mem-isolation for "
+                        "core_mem, mps for mps, else none)")
+    p.add_argument("--core-mem-isolation", default="hami", choices=("hami", "hami-mps"),
+                   help="the back-end auto gives core_mem nodes: hami (default) or hami-mps "
+                        "(HAMi-core's memory limit with MPS's compute share; docs/isolation.md)")
     p.add_argument("--nvml", default="real", choices=("real", "fake"),
                    help="real: the GPUs through NVML; fake: --fake-gpus (development)")
     p.add_argument("--fake-gpus", default="Tesla-T4:15,Tesla-T4:15",
@@ -103,7 +108,7 @@ def _listen(text: str) -> tuple[str, int] | None:
 def run(args: argparse.Namespace) -> int:
     import shlex
 
-    from ..agent.isolation import IsolationConfig, parse_policy
+    from ..agent.isolation import IsolationConfig, parse_core_mem, parse_policy
     from ..agent.kube import MemoryKube
     from ..agent.nvml import FakeNvml, RealNvml
     from ..agent.service import Agent, AgentConfig
@@ -116,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
     listen = _listen(args.metrics_listen)
     if args.recover_after < 0:
         raise ValidationError("--recover-after", args.recover_after, "must be at least 0")
-    policy = parse_policy(args.compute_policy, args.isolation)
+    core_mem = parse_core_mem(args.core_mem_isolation)
+    policy = parse_policy(args.compute_policy, args.isolation, core_mem)
     if not args.isolation_check_every > 0:
         raise ValidationError("--isolation-check-every", args.isolation_check_every,
                               "must be a positive number of seconds")
@@ -171,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
         device_plugin_dir=args.device_plugin_dir,
         state_dir=args.state_dir,
         isolation=args.isolation,
+        core_mem_isolation=core_mem,
         isolation_paths=IsolationConfig(hami_library=args.hami_library,
                                         mps_pipe_dir=args.mps_pipe_dir,
                                         mps_shm_dir=args.mps_shm_dir,

@@ -16,12 +16,14 @@ DESCRIPTION = (
     "agent gives a container with --mem GiB (and --core %), and measures: the memory the probe "
     "sees, the largest allocation it gets, that the next one fails cleanly with "
     "CUDA_ERROR_OUT_OF_MEMORY, that two processes of one container share the limit, and (with "
-    "--core) the share of a GPU two pods with P % and 100-P % get. Exit code 0 when every "
+    "--core) the share of a GPU two pods with P % and 100-P % get; with --crash, what a "
+    "neighbour pod and a later pod get when a pod is killed or faults. Exit code 0 when every "
     "limit holds, 1 when one does not, 2 when the probes cannot run."
 )
 CORE_RULE = "must be a multiple of 5 from 5 to 100 (percent of one GPU's compute)"
 INSTALLED = "/usr/local/vgpu/sharegpu/installed"  # the chart's hami-install init container
 DEFAULT_LIBRARY = "/usr/local/vgpu/libvgpu.so"
+BACKENDS = ("hami", "mps", "hami-mps")
 
 
 def hami_library(args: argparse.Namespace) -> str:
@@ -38,7 +40,8 @@ def hami_library(args: argparse.Namespace) -> str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="hami",
-                   help="isolation back-end: hami (HAMi-core's libvgpu.so) or mps (default hami)")
+                   help="isolation back-end: hami (HAMi-core's libvgpu.so), mps, or hami-mps "
+                        "(HAMi-core's memory limit with MPS's compute share) (default hami)")
     p.add_argument("--mem", required=True, metavar="GIB", help="GPU memory of the request, GiB")
     p.add_argument("--core", metavar="PCT",
                    help="compute of the request, percent (5..100, multiple of 5)")
@@ -67,6 +70,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "places on it, each holding all it can get")
     p.add_argument("--compare", action="store_true",
                    help="also measure kernel launch and allocation rates without the limits")
+    p.add_argument("--crash", action="store_true",
+                   help="also let a pod crash (killed, then a fatal GPU fault) beside a "
+                        "neighbour pod, and see what the neighbour and a later pod get")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--cuda-library", default="libcuda.so.1", metavar="NAME",
                    help="the CUDA driver library the probes load (default libcuda.so.1)")
@@ -84,8 +90,8 @@ def request(args: argparse.Namespace):
     from ..agent.isolation import parse_policy
     from ..isolation_check.check import Request
 
-    if args.backend not in ("hami", "mps"):
-        raise ValidationError("--backend", args.backend, "must be hami or mps")
+    if args.backend not in BACKENDS:
+        raise ValidationError("--backend", args.backend, "must be hami, mps or hami-mps")
     mem_rule = "must be a whole number of GiB, 1 or more"
     mem = _int("--mem", args.mem, mem_rule)
     if mem < 1:
@@ -114,11 +120,12 @@ def request(args: argparse.Namespace):
     from ..agent.readiness import check_hami, check_mps
 
     library = hami_library(args)
-    if args.backend == "hami":
+    uses_hami = args.backend in ("hami", "hami-mps")
+    if uses_hami:
         ready = check_hami(library)
         if not ready.ready:
             raise ValidationError("--hami-library", library, f"{ready.reason}; fix: {ready.fix}")
-    if args.backend == "mps":
+    if args.backend in ("mps", "hami-mps"):
         control = tuple(shlex.split(args.mps_control)) or ("nvidia-cuda-mps-control",)
         ready = check_mps(args.mps_pipe_dir, control)
         if not ready.ready:
@@ -130,10 +137,11 @@ def request(args: argparse.Namespace):
                               "no such file: pass the CUDA driver library (libcuda.so.1)")
     return Request(
         backend=args.backend, mem_gib=mem, core=core, gpu=gpu,
-        hami_library=os.path.abspath(library) if args.backend == "hami" else library,
+        hami_library=os.path.abspath(library) if uses_hami else library,
         mps_pipe_dir=os.path.abspath(args.mps_pipe_dir), compute_policy=int(policy),
         seconds=seconds, compare=bool(args.compare), cuda_library=args.cuda_library,
         fill=bool(args.fill), kernel=args.compute_kernel, reserve_mib=reserve,
+        crash=bool(args.crash),
     )
 
 

@@ -9,7 +9,8 @@ whole-card request on a card ACK rounds up, adds a failing ``limit fits the GPU`
 
 1. ``memory seen``: the total the probe sees (``cuMemGetInfo_v2``) equals the limit (±1 %).
    MPS reports the device's total and shows the limit in ``free``, so for ``mps`` it is
-   ``free`` at start plus the probe's own context (measured without the limits).
+   ``free`` at start plus the probe's own context (measured without the limits); ``hami-mps``
+   shows HAMi-core's view, as ``hami``.
 2. ``all of the limit reachable``: the largest allocation that succeeds plus what the probe used
    at start equals the limit (±1 %): all of it can be had, and no more.
 3. ``allocation past the limit``: 1 MiB more than the largest fails with
@@ -34,6 +35,14 @@ work the GPU did for it; ``--compute-kernel spin`` uses a busy loop on the clock
 
 ``--compare``: kernel launches and allocations+frees per second with the library (memory limit,
 no compute cap) over the same without it: ratios, no target.
+
+``--crash``: a pod (P %) dies while a neighbour pod (100-P %) computes on the same GPU, twice:
+killed mid-kernel (SIGKILL), then by a fatal fault of its own (a kernel storing to address 0,
+``CUDA_ERROR_ILLEGAL_ADDRESS``). ``crash.<how>.cause``: the crash happened as meant;
+``crash.<how>.neighbour``: the neighbour kept computing to its end; ``crash.<how>.after``: a pod
+started afterwards computes. Where the back-end uses MPS, the neighbour's row after a fault has
+no target: MPS's documentation says a client's fatal fault reaches every client on its GPU, and
+the row measures what happened.
 """
 
 from __future__ import annotations
@@ -78,7 +87,7 @@ class CheckError(ShareGpuError):
 
 @dataclass(frozen=True)
 class Request:
-    backend: str  # "hami" | "mps"
+    backend: str  # "hami" | "mps" | "hami-mps"
     mem_gib: int
     core: int | None = None
     gpu: int = 0
@@ -91,6 +100,7 @@ class Request:
     fill: bool = False
     kernel: str = "burn"  # the compute probes' kernel: burn (work) or spin (clock time)
     reserve_mib: int = 0  # the agent's --reserve-mib: what it keeps out of the advertised GiB
+    crash: bool = False  # also a pod crashing beside a neighbour (--crash)
 
     @property
     def limit_mib(self) -> int:
@@ -654,7 +664,7 @@ def run_check(req: Request, *, base_env: Mapping[str, str] | None = None,
                 return container_env(req, config, pod_uid=f"isolation-check-{run_id}-{name}",
                                      core=core, gpu_gib=gib, base=base, host_root=tmp)
 
-            own = None if backend is Backend.HAMI else ctx_mib
+            own = None if backend.uses_hami else ctx_mib
             upper = ["--upper-mib", str(gpu_mib)]
             env1 = container("mem", req.core)
             report.env = {k: v for k, v in env1.items() if base.get(k) != v}
@@ -664,7 +674,7 @@ def run_check(req: Request, *, base_env: Mapping[str, str] | None = None,
                 report.checks.append(fits)
             if device.available:
                 say("memory: one pod's usage as the driver counts it")
-                if backend is Backend.MPS:
+                if backend.uses_mps:
                     # the first client starts the MPS server, whose memory is not the pod's
                     runner.run("info", container("mps-server", req.core))
                 grew, held = held_usage(runner, container("device", req.core), upper, device,
@@ -710,6 +720,16 @@ def run_check(req: Request, *, base_env: Mapping[str, str] | None = None,
                     container("compute-b", 100 - req.core), timeout,
                     blocks=grid_blocks(int(info["multiprocessors"]),
                                        int(info["threads_per_multiprocessor"]))))
+
+            if req.crash:
+                victim = 100 - req.core if req.core is not None and req.core < 100 else None
+                say("a pod crashes beside a neighbour")
+                report.checks += crash_checks(
+                    runner, req, container("crash-neighbour", victim),
+                    container("crash-pod", req.core), container("crash-after", req.core),
+                    timeout, uses_mps=backend.uses_mps,
+                    blocks=grid_blocks(int(info["multiprocessors"]),
+                                       int(info["threads_per_multiprocessor"])))
 
             if req.fill:
                 n = max(1, gib // req.mem_gib)
@@ -859,6 +879,73 @@ def compute_check(runner: Runner, req: Request, env_a: Mapping[str, str],
                                 f"pod {'AB'[i]}: {r.error}", "%")
     a, b = (r.data["kernels"] for r in results)
     return decide_share(req.core, a, b)
+
+
+CRASH_CAUSES = {"kill": "SIGKILL mid-kernel", "fault": "CUDA_ERROR_ILLEGAL_ADDRESS"}
+MPS_FAULT_NOTE = ("MPS: a client's fatal fault reaches every client on its GPU (NVIDIA's MPS "
+                  "documentation); this row measures it, with no target")
+
+
+def crash_checks(runner: Runner, req: Request, env_neighbour: Mapping[str, str],
+                 env_pod: Mapping[str, str], env_after: Mapping[str, str], timeout: float, *,
+                 uses_mps: bool, blocks: int = 0) -> list[Check]:
+    """A pod dies a third of the way into its neighbour's ``req.seconds`` of kernels, killed and
+    then by a fatal fault; what the neighbour and a pod started afterwards saw."""
+    checks: list[Check] = []
+    for how in ("kill", "fault"):
+        checks += _crash(runner, req, how, env_neighbour, env_pod, env_after, timeout,
+                         uses_mps=uses_mps, blocks=blocks)
+    return checks
+
+
+def _crash(runner: Runner, req: Request, how: str, env_neighbour: Mapping[str, str],
+           env_pod: Mapping[str, str], env_after: Mapping[str, str], timeout: float, *,
+           uses_mps: bool, blocks: int) -> list[Check]:
+    seconds = req.seconds
+    at = seconds / 3
+    spin = ("--seconds", f"{seconds:g}", "--wait-go", "--timeout", str(timeout),
+            "--kernel", req.kernel, "--blocks", str(blocks))
+    neighbour = runner.start("spin", env_neighbour, *spin)
+    pod = (runner.start("spin", env_pod, *spin) if how == "kill" else
+           runner.start("fault", env_pod, "--seconds", f"{at:g}", "--wait-go",
+                        "--timeout", str(timeout)))
+    for name, p in (("neighbour", neighbour), ("crashing pod", pod)):
+        ready = runner.ready(p, timeout)
+        if not ready.ok:
+            runner.finish(neighbour, 30)
+            runner.finish(pod, 30)
+            return [probe_failed(f"crash.{how}.cause", f"{how}: the crash", CRASH_CAUSES[how],
+                                 f"{name}: {ready.error}")]
+    for p in (neighbour, pod):
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    if how == "kill":
+        time.sleep(at)
+        pod.kill()
+        runner.finish(pod, 30)
+        happened = "SIGKILL mid-kernel" if pod.returncode == -9 else \
+            f"exited with code {pod.returncode} before the kill"
+        cause_ok = pod.returncode == -9
+    else:
+        r = runner.finish(pod, timeout + at)
+        happened = str(r.data.get("fault_name") or r.error or "no fault")
+        cause_ok = happened == CRASH_CAUSES["fault"]
+    n = runner.finish(neighbour, timeout + seconds)
+    after = runner.run("spin", env_after, "--seconds", "0.5", "--kernel", req.kernel,
+                       "--blocks", str(blocks), "--timeout", str(timeout))
+    informational = how == "fault" and uses_mps
+    return [
+        Check(f"crash.{how}.cause", f"{how}: the crash", CRASH_CAUSES[how], happened, "exact",
+              cause_ok),
+        Check(f"crash.{how}.neighbour", f"{how}: neighbour", "computes to its end",
+              f"{n.data['kernels']} kernels" if n.ok else f"failed: {n.error}",
+              "no target" if informational else "exact", None if informational else n.ok,
+              note=MPS_FAULT_NOTE if informational else ""),
+        Check(f"crash.{how}.after", f"{how}: a later pod", "computes",
+              f"{after.data['kernels']} kernels" if after.ok else f"failed: {after.error}",
+              "exact", after.ok),
+    ]
 
 
 def compare_checks(runner: Runner, req: Request, env_lib: Mapping[str, str],

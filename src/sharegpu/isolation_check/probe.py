@@ -23,6 +23,9 @@ Actions:
   (after ``--settle`` seconds not counted); with ``--wait-go`` it prints a ready line first and
   starts when a line arrives on stdin.
 - ``allocspeed``: allocate and free ``--mib`` MiB for ``--seconds``; allocs+frees per second.
+- ``fault``: load a kernel that stores to address 0 (with ``--wait-go``: print a ready line and
+  wait for a line on stdin), wait ``--seconds``, launch it and synchronize: the error the
+  driver answered (a fatal fault of the context: ``CUDA_ERROR_ILLEGAL_ADDRESS``).
 """
 
 from __future__ import annotations
@@ -105,6 +108,27 @@ BURN_DONE:
     add.f32 %f1, %f1, %f3;
     setp.eq.f32 %p2, %f1, 0fBF800000;
     @%p2 trap;
+    ret;
+}
+\x00"""
+# A fatal fault: one thread stores to address 0, so the context is lost with
+# CUDA_ERROR_ILLEGAL_ADDRESS at the next synchronize (the marker below names it to fakes).
+FAULT_PTX = b"""
+.version 6.0
+.target sm_50
+.address_size 64
+
+// sharegpu-fault
+.visible .entry spin(
+    .param .u64 cycles
+)
+{
+    .reg .b32 %r<2>;
+    .reg .b64 %rd<2>;
+
+    mov.u64 %rd1, 0;
+    mov.u32 %r1, 1;
+    st.global.u32 [%rd1], %r1;
     ret;
 }
 \x00"""
@@ -432,6 +456,23 @@ def act_spin(cuda: Cuda, args) -> dict:
             "kernel": args.kernel}
 
 
+def act_fault(cuda: Cuda, args) -> dict:
+    module, func = ctypes.c_void_p(), ctypes.c_void_p()
+    cuda.call("cuModuleLoadData", ctypes.byref(module), FAULT_PTX)
+    cuda.call("cuModuleGetFunction", ctypes.byref(func), module, b"spin")
+    if args.wait_go:
+        emit({"ready": True})
+        if not stdin_line(args.timeout):
+            raise ProbeError("no go line on stdin", kind="usage")
+    time.sleep(max(0.0, args.seconds))
+    cycles = ctypes.c_uint64(0)
+    params = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(cycles), ctypes.c_void_p))
+    code = cuda.fn["cuLaunchKernel"](func, 1, 1, 1, 1, 1, 1, 0, None, params, None)
+    if code == CUDA_SUCCESS:
+        code = cuda.fn["cuCtxSynchronize"]()
+    return {"fault_code": code, "fault_name": cuda.name_of(code)}
+
+
 def act_allocspeed(cuda: Cuda, args) -> dict:
     nbytes = args.mib * MIB
     pairs = 0
@@ -452,7 +493,7 @@ def act_allocspeed(cuda: Cuda, args) -> dict:
 
 
 ACTIONS = {"info": act_info, "mem": act_mem, "hold": act_hold, "fill": act_fill,
-           "spin": act_spin, "allocspeed": act_allocspeed}
+           "spin": act_spin, "allocspeed": act_allocspeed, "fault": act_fault}
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
