@@ -215,7 +215,7 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         length = self.headers.get("content-length", "")
-        if length.isdigit() and int(length) > self.server.max_body:
+        if length.isascii() and length.isdigit() and int(length) > self.server.max_body:
             raise _Refused(413, f"request body larger than {self.server.max_body} bytes")
         if self.headers.get("expect", "").lower() == "100-continue" and self.transport:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
