@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from sharegpu.extender.httpserver import HttpServer, Request, Response, json_response
 from sharegpu_testing.tls import make_certificates
@@ -441,11 +442,14 @@ def test_a_lingering_close_is_bounded_in_bytes_and_time() -> None:
 
 FD_SERVER = """
 import asyncio, resource, sys
-from sharegpu.extender.httpserver import HttpServer, json_response
+from sharegpu.extender.httpserver import HttpServer, json_response, open_descriptors
 resource.setrlimit(resource.RLIMIT_NOFILE, (CAP, CAP))
-routes = {("GET", "/healthz"): lambda r: json_response("ok")}
+routes = {("GET", "/healthz"): lambda r: json_response("ok"),
+          ("GET", "/stats"): lambda r: json_response(
+              [main_server.shed, main_server.out_of_descriptors, open_descriptors()])}
 async def main():
-    main_server, probe = HttpServer(routes), HttpServer(routes)
+    global main_server
+    main_server, probe = HttpServer(routes, fd_headroom=HEADROOM), HttpServer(routes)
     ports = await main_server.start(), await probe.start()
     print(*ports, flush=True)
     await asyncio.sleep(120)
@@ -453,17 +457,20 @@ asyncio.run(main())
 """
 
 
-def test_idle_connections_at_the_descriptor_limit_leave_healthz_answering() -> None:
+@pytest.mark.parametrize("headroom", ["None", "1"])
+def test_idle_connections_at_the_descriptor_limit_leave_healthz_answering(headroom: str) -> None:
     """A process allowed 160 descriptors, its cap on connections (1,024) far above that:
     400 idle connections (keep-alive ones, then bare ones opened in a burst) must not take
     the last descriptors, or accept() fails (EMFILE) and /healthz, on this port or on a probe
-    port beside it, stops answering. The oldest idle connections are shed instead."""
+    port beside it, stops answering. The oldest idle connections are shed instead: before the
+    limit (the default headroom), or when accept() meets EMFILE (a headroom of 1)."""
     import subprocess
     import sys
     import time
 
-    proc = subprocess.Popen([sys.executable, "-c", FD_SERVER.replace("CAP", "160")],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", FD_SERVER.replace("CAP", "160").replace("HEADROOM", headroom)],
+        stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
         port, probe = map(int, proc.stdout.readline().split())
@@ -486,9 +493,18 @@ def test_idle_connections_at_the_descriptor_limit_leave_healthz_answering() -> N
             held += [(await connect(port))[1] for _ in range(200)]  # bare, in a burst
             await asyncio.sleep(1.5)
             worst = max([await healthz(p) for p in (port, probe) for _ in range(5)])
-            print(f"healthz worst of 10 beside 400 idle at a 160-descriptor limit: "
-                  f"{worst * 1000:.1f} ms")
+            print(f"healthz worst of 10 beside 400 idle at a 160-descriptor limit "
+                  f"(headroom {headroom}): {worst * 1000:.1f} ms")
             assert worst < 0.5, worst
+            r, w = await connect(probe)
+            w.write(b"GET /stats HTTP/1.1\r\nHost: x\r\n\r\n")
+            shed, emfile, open_fds = json.loads((await read_response(r))[2])
+            w.close()
+            assert shed >= 400 - 160
+            if headroom == "None":  # the headroom (10 of 160) stays free once bursts settle
+                assert open_fds <= 160 - 10 + 2, open_fds  # + this /stats connection
+            else:
+                assert emfile > 0  # shed when accept() failed, and served at once
             for w in held:
                 w.close()
 

@@ -37,6 +37,7 @@ import asyncio
 import errno
 import json
 import logging
+import os
 import resource
 import socket
 import ssl
@@ -71,6 +72,14 @@ def descriptor_limit() -> int:
     """The process's soft limit on open descriptors (``ulimit -n``)."""
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def open_descriptors() -> int:
+    """How many descriptors the process has open (0 where ``/proc/self/fd`` cannot say)."""
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 0
 
 
 def default_headroom(limit: int) -> int:
@@ -347,6 +356,7 @@ class HttpServer:
         self.linger_bytes = linger_bytes
         self.linger_time = linger_time
         self.shed = 0  # connections closed because descriptors ran short
+        self.out_of_descriptors = 0  # accept() calls that failed with EMFILE/ENFILE/...
         self.closed_idle = 0  # connections closed for idling, timed out, or evicted (tests)
         self.timed_out = 0
         self.evicted = 0
@@ -357,6 +367,7 @@ class HttpServer:
         self._ssl: ssl.SSLContext | None = None
         self._adopting: set[asyncio.Task[None]] = set()  # accepted, transport not made yet
         self._fd_threshold = 1 << 62  # set by start()
+        self._fd_cap = 1 << 62  # connections the descriptors allow; set by start()
         self._accept_batch = ACCEPT_BATCH
 
     def route(self, req: Request) -> Handler:
@@ -371,14 +382,18 @@ class HttpServer:
 
     def make_room(self, fd: int = -1) -> bool:
         """Whether a new connection (on descriptor ``fd``) may stay. Below ``max_connections``
-        and below the descriptor threshold, yes; otherwise after closing the connection that
-        waits longest while idle, lingering or stalled mid-request. ``False`` when
-        ``max_connections`` are all answering. Descriptors are handed out lowest first, so a
-        new one at ``fd`` means ``fd`` others are open: at the threshold, one connection goes
-        for each that comes, and the headroom stays free."""
+        and below the descriptor cap, yes; otherwise after closing the connection that waits
+        longest while idle, lingering or stalled mid-request. ``False`` when
+        ``max_connections`` are all answering.
+
+        The descriptor cap is the threshold (the limit less the headroom) less the descriptors
+        open at :meth:`start`. Descriptors are handed out lowest first, so a new one at ``fd``
+        means at least ``fd`` are open: one at the threshold or above says others opened more
+        than counted, and the cap comes down to the connections open now."""
+        if fd >= self._fd_threshold:
+            self._fd_cap = min(self._fd_cap, max(1, len(self.connections)))
         full = len(self.connections) >= self.max_connections
-        short = fd >= self._fd_threshold
-        if not full and not short:
+        if not full and len(self.connections) < self._fd_cap:
             return True
         victim = self._victim()
         if victim is None:
@@ -440,6 +455,7 @@ class HttpServer:
         headroom = self.fd_headroom if self.fd_headroom is not None else \
             default_headroom(limit)
         self._fd_threshold = limit - headroom
+        self._fd_cap = max(1, self._fd_threshold - open_descriptors())
         self._accept_batch = max(1, min(ACCEPT_BATCH, headroom // 2))
         family, kind, proto, _, address = (await loop.getaddrinfo(
             host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE))[0]
@@ -461,8 +477,8 @@ class HttpServer:
     def _accept(self) -> None:
         """Accept a few waiting connections (a few per turn of the loop: a burst cannot take
         the descriptors before the ones accepted have shed idle connections). Out of
-        descriptors (EMFILE): shed an idle connection and try again; with nothing to shed,
-        wait a moment."""
+        descriptors (EMFILE): shed an idle connection and accept again on the loop's next
+        turn; with nothing to shed, wait a moment."""
         sock = self._listener
         if sock is None:
             return
@@ -476,6 +492,7 @@ class HttpServer:
                 if e.errno not in _OUT_OF_RESOURCES:
                     log.warning("accept() failed: %s", e)
                     return
+                self.out_of_descriptors += 1
                 victim = self._victim()
                 if victim is None:
                     log.warning("accept() failed (%s) and no idle connection to close: "
@@ -485,7 +502,7 @@ class HttpServer:
                     return
                 self.shed += 1
                 self._drop(victim)
-                continue
+                return  # its descriptor is freed once the loop runs its close: accept then
             conn.setblocking(False)
             task = loop.create_task(self._adopt(conn))
             self._adopting.add(task)
