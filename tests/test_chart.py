@@ -1263,3 +1263,14 @@ def test_the_extender_watches_dra_objects_only_in_dra_mode():
     dra = args_of(one(render(None, "1.34.0", "agent.dra.enabled=true"), "Deployment",
                       "extender"))
     assert "--dra" in dra
+
+
+def test_agent_usage_metrics_share_the_hosts_pid_namespace():
+    """NVML reports only the GPU processes of the caller's PID namespace: with usage metrics
+    (the default) the agent pod runs with hostPID and reads /proc; off, neither."""
+    ds = one(render(None), "DaemonSet", "agent")
+    assert ds["spec"]["template"]["spec"]["hostPID"] is True
+    assert "--host-proc=/proc" in args_of(ds)
+    off = one(render(None, KUBE, "agent.usageMetrics=false"), "DaemonSet", "agent")
+    assert "hostPID" not in off["spec"]["template"]["spec"]
+    assert "--host-proc=" in args_of(off)

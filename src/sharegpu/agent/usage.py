@@ -3,8 +3,9 @@ and container through its cgroup (``/proc/PID/cgroup``: the pod's UID and the co
 as the kubelet names its cgroups), matched to the pods bound to this node.
 
 - :func:`cgroup_ids` and :func:`attribute` are pure: cgroup text in, pods in, figures out.
-- :class:`ProcCgroups` reads ``/proc`` (the host's: the chart mounts it at ``/host/proc``, as
-  NVML names processes by their host PID).
+- :class:`ProcCgroups` reads ``/proc``. NVML reports the processes of the caller's PID
+  namespace only, by their PID there, so the agent runs in the host's (the chart's
+  ``hostPID``) and its ``/proc`` shows them.
 - :class:`UsageCollector` puts them together for a scrape: NVML in a thread, the node's pods
   listed at most every ``pods_ttl`` seconds.
 

@@ -43,10 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="kubeconfig file (default: in-cluster, else $KUBECONFIG)")
     p.add_argument("--metrics-listen", default="0.0.0.0:9400", help="HOST:PORT, or '' for none")
     p.add_argument("--host-proc", default="/proc",
-                   help="the host's /proc (NVML names GPU processes by host PID): GPU memory in "
-                        "use per container is read through each process's cgroup ('' turns "
-                        "the usage metrics off; the chart mounts the host's at /host/proc; "
-                        "default /proc)")
+                   help="/proc of the host's PID namespace (NVML reports only the GPU processes "
+                        "of the agent's PID namespace: run it in the host's, as the chart does "
+                        "with hostPID): GPU memory in use per container is read through each "
+                        "process's cgroup ('' turns the usage metrics off; default /proc)")
     p.add_argument("--hami-library", default="/usr/local/vgpu/libvgpu.so",
                    help="host path of HAMi-core's libvgpu.so (containers see it at "
                         "/usr/local/vgpu/libvgpu.so)")
