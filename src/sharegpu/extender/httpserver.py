@@ -14,10 +14,11 @@ extender needs and no more:
   (408 and close: a slowloris cannot hold a connection), a connection idle for
   ``idle_timeout`` is closed, and at ``max_connections`` the longest-idle (or stalled)
   connection makes room for the new one, so a fresh probe (``/healthz``) is always served;
-- the process's descriptor limit (``RLIMIT_NOFILE``) counts too: a connection accepted on a
-  descriptor within ``fd_headroom`` of the limit sheds the longest-idle connection, so
-  ``accept()`` keeps finding a descriptor (for ``/healthz``, a probe server beside this one, the
-  API client) instead of failing with EMFILE;
+- the process's descriptor limit (``RLIMIT_NOFILE``) counts too: connections may take the
+  descriptors free at start less ``fd_headroom``, and beyond that the longest-idle one makes
+  room, so ``accept()`` keeps finding a descriptor (for ``/healthz``, a probe server beside
+  this one, the API client); should it fail with EMFILE all the same, an idle connection is
+  closed and accepting goes on at the loop's next turn (asyncio's server waits a second);
 - an error answered before the request was read whole (413, 408, a request that does not
   parse) is followed by a lingering close: the server stops writing (a TCP half-close), reads
   and discards what the client still sends, at most ``LINGER_BYTES`` for ``LINGER_TIME``
