@@ -360,3 +360,18 @@ def test_no_field_of_the_wrong_type_is_an_internal_error(capsys, tmp_path):
             assert rc in (0, 1) and "internal error" not in err, (p, bad, err)
             tried += 1
     assert tried > 300
+
+
+def test_a_lone_surrogate_escape_is_read_as_go_reads_it(capsys, tmp_path):
+    """``"\\ud800"`` without its pair is valid JSON that no text can encode: replaced by U+FFFD
+    (as Go's decoder does) instead of failing when the table is printed."""
+    doc = json.loads((DATA / "details.json").read_text())
+    doc["items"][0]["metadata"]["name"] = "gpu-\ud800node"
+    path = tmp_path / "dump.json"
+    path.write_text(json.dumps(doc))  # ensure_ascii: written as the escape \ud800
+    assert "\\ud800" in path.read_text()
+    for args in ((), ("-d",), ("-d", "-o", "json")):
+        rc, out, err = run_cli(capsys, "--file", str(path), *args)
+        assert rc == 0 and err == "", err
+        assert "gpu-\ufffdnode" in out or "gpu-\\ufffdnode" in out
+        out.encode("utf-8")  # printable

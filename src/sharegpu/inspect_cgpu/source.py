@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import ssl
 import sys
 from collections.abc import Mapping
@@ -108,6 +109,23 @@ def _collect(doc: Any, nodes: list, pods: list, where: str, depth: int = 0,
     # other kinds (Events, Services, ...) in a support bundle are ignored
 
 
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _without_lone_surrogates(doc: Any) -> Any:
+    """The document with each lone UTF-16 surrogate (a ``\\ud800`` escape without its pair,
+    which no text can encode) replaced by U+FFFD, as Go's JSON decoder (kubectl's, the API
+    server's) replaces it."""
+    if isinstance(doc, str):
+        return _LONE_SURROGATE.sub("\ufffd", doc)
+    if isinstance(doc, list):
+        return [_without_lone_surrogates(d) for d in doc]
+    if isinstance(doc, dict):
+        return {_without_lone_surrogates(k): _without_lone_surrogates(v) for k, v in doc.items()}
+    return doc
+
+
 def load_file(path: str) -> Objects:
     """Nodes and pods from a dump written by ``kubectl get nodes,pods -A -o json``."""
     where = "standard input" if path == "-" else path
@@ -129,6 +147,8 @@ def load_file(path: str) -> Objects:
             f"--file {where}: not JSON (line {e.lineno}, column {e.colno}: {e.msg}); "
             "write it with: kubectl get nodes,pods -A -o json > FILE"
         ) from None
+    if _SURROGATE_ESCAPE.search(text):
+        doc = _without_lone_surrogates(doc)
     nodes: list[dict[str, Any]] = []
     pods: list[dict[str, Any]] = []
     dra = Objects([], [])
