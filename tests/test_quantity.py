@@ -61,7 +61,8 @@ def test_any_text_is_a_value_or_a_clear_refusal(text):
 @pytest.mark.parametrize("text", ["4\n", " 4", "4 ", "\t4\r\n", "4\u00a0", "\u30004\u2029",
                                   "\v4Gi\f"])
 def test_whitespace_around_a_quantity_is_dropped_as_the_api_server_drops_it(text):
-    """Quantity.UnmarshalJSON parses strings.TrimSpace of the string: Go's unicode.IsSpace."""
+    """The API server's decoders parse strings.TrimSpace of the value (Go's unicode.IsSpace);
+    its CBOR decoder, like this module, of the decoded string (tests/e2e shows JSON's)."""
     assert quantity.parse("q", text) == (4 << 30 if "Gi" in text else 4)
 
 

@@ -14,11 +14,14 @@ Grammar::
     decimalExponent ::= ("e" | "E") signedNumber
 
 Only ASCII digits count (``str.isdigit`` would take ``"²"`` or the Arabic-Indic ``"٤"``); no
-spaces inside. Whitespace around a quantity is dropped, as the API server drops it
-(``Quantity.UnmarshalJSON`` parses ``strings.TrimSpace`` of the string, whitespace being Go's
-``unicode.IsSpace``: :data:`SPACE`), so ``"4 "`` or ``"4"`` and a newline are 4. Values are exact
-(:class:`fractions.Fraction`), and a quantity beyond the API server's limit (2^63 - 1 in its
-base unit) is refused, so ``"9" * 5000`` cannot exhaust anything.
+spaces inside. Whitespace around a quantity is dropped, as the API server drops it: its
+decoders parse ``strings.TrimSpace`` of the value (whitespace being Go's ``unicode.IsSpace``:
+:data:`SPACE`). Its JSON decoder trims the raw JSON text, so a space is dropped there but an
+escaped ``\\n`` is not (the request is refused before admission); its CBOR decoder trims the
+decoded string, as this module does, so ``"4\\n"`` is 4 here: a value the API server stored is
+never refused. Values are exact (:class:`fractions.Fraction`), and a quantity beyond the API
+server's limit (2^63 - 1 in its base unit) is refused, so ``"9" * 5000`` cannot exhaust
+anything.
 """
 
 from __future__ import annotations
