@@ -340,3 +340,22 @@ def test_chart_mutating_scheduler_hook_is_opt_in():
     r = run_helm("template", "s", str(Path(__file__).parent.parent / "charts" / "sharegpu"),
                  "--set", "webhook.setSchedulerName=true", "--set", "scheduler.mode=default")
     assert r.returncode != 0 and "needs scheduler.mode=profile" in r.stderr
+
+
+@pytest.mark.parametrize("scheduler", [None, "ack-co-scheduler"])
+def test_a_pod_of_ambiguous_pool_is_refused_with_or_without_the_scheduler_option(scheduler):
+    """Node affinity terms of which one names the DRA pool and another does not: refused
+    naming the rule (a review the webhook cannot answer would be a 500 at the API server)."""
+    from sharegpu.draclaims import Pool
+    from sharegpu.webhook import mutate
+
+    pool = Pool.parse("sharegpu.io/dra=true", "gpu.sharegpu.io")
+    p = kobjects.pod("amb", mem=4, scheduler="default-scheduler")
+    p["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "sharegpu.io/dra", "operator": "In",
+                                   "values": ["true"]}]},
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}}
+    out = asyncio.run(mutate(admission(p), pool, None, scheduler))["response"]
+    assert out["allowed"] is False and out["status"]["code"] == 422
+    assert "spec.affinity" in out["status"]["message"]

@@ -195,16 +195,10 @@ async def mutate(body: Any, pool: Pool | None, store: TemplateStore | None,
         return out
     pod = _reviewed_object(req, "Pod")
     meta = pod["metadata"]
-    if pool is None or not draclaims.bound_for_pool(pod, pool):
-        patch = scheduler_patch(pod, scheduler) if scheduler else None
-        if patch is not None:
-            response["patchType"] = "JSONPatch"
-            response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
-            log.debug("pod %s/%s: schedulerName set to %s", meta.get("namespace"),
-                      meta.get("name") or meta.get("generateName"), scheduler)
-        return out
     try:
-        tr = draclaims.translate(pod, pool)
+        # the DRA pool first: a pod bound for it gets claims, and the default scheduler
+        for_pool = pool is not None and draclaims.bound_for_pool(pod, pool)
+        tr = draclaims.translate(pod, pool) if pool is not None and for_pool else None
         if tr is not None and store is not None and not req.get("dryRun"):
             for t in tr.templates:
                 await store.ensure(t)
@@ -222,6 +216,13 @@ async def mutate(body: Any, pool: Pool | None, store: TemplateStore | None,
         response["patch"] = base64.b64encode(json.dumps(list(tr.patch)).encode()).decode()
         log.debug("pod %s/%s on the DRA pool: claims %s", tr.namespace,
                   meta.get("name") or meta.get("generateName"), dict(tr.claims))
+        return out
+    patch = scheduler_patch(pod, scheduler) if scheduler and not for_pool else None
+    if patch is not None:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
+        log.debug("pod %s/%s: schedulerName set to %s", meta.get("namespace"),
+                  meta.get("name") or meta.get("generateName"), scheduler)
     return out
 
 
