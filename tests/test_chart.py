@@ -864,7 +864,9 @@ DECLARED = {
     "sharegpu_extender_events_total",
     "sharegpu_agent_gpus", "sharegpu_agent_gpu_healthy", "sharegpu_agent_mode_info",
     "sharegpu_agent_registrations_total", "sharegpu_agent_allocations_total",
-    "sharegpu_agent_allocation_failures_total",
+    "sharegpu_agent_allocation_failures_total", "sharegpu_agent_gpu_memory_used_bytes",
+    "sharegpu_agent_container_gpu_memory_used_bytes",
+    "sharegpu_agent_container_gpu_memory_allocated_bytes",
 }
 
 
@@ -899,6 +901,10 @@ def test_dashboard_uses_only_exported_metrics():
     # the cluster figure of kubectl inspect cgpu, the extender's health and the agents'
     assert {"sharegpu_gpu_memory_allocated", "sharegpu_extender_request_seconds_bucket",
             "sharegpu_extender_leader", "sharegpu_agent_gpu_healthy"} <= used
+    # allocated against in use, per GPU and per container
+    assert {"sharegpu_agent_gpu_memory_used_bytes",
+            "sharegpu_agent_container_gpu_memory_used_bytes",
+            "sharegpu_agent_container_gpu_memory_allocated_bytes"} <= used
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids)) and dash["uid"] == "sharegpu-overview"
     for p in dash["panels"]:
@@ -1258,3 +1264,14 @@ def test_the_extender_watches_dra_objects_only_in_dra_mode():
     dra = args_of(one(render(None, "1.34.0", "agent.dra.enabled=true"), "Deployment",
                       "extender"))
     assert "--dra" in dra
+
+
+def test_agent_usage_metrics_share_the_hosts_pid_namespace():
+    """NVML reports only the GPU processes of the caller's PID namespace: with usage metrics
+    (the default) the agent pod runs with hostPID and reads /proc; off, neither."""
+    ds = one(render(None), "DaemonSet", "agent")
+    assert ds["spec"]["template"]["spec"]["hostPID"] is True
+    assert "--host-proc=/proc" in args_of(ds)
+    off = one(render(None, KUBE, "agent.usageMetrics=false"), "DaemonSet", "agent")
+    assert "hostPID" not in off["spec"]["template"]["spec"]
+    assert "--host-proc=" in args_of(off)

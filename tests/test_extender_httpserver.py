@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from sharegpu.extender.httpserver import HttpServer, Request, Response, json_response
 from sharegpu_testing.tls import make_certificates
@@ -364,3 +365,150 @@ def test_body_limit_is_sized_for_node_names() -> None:
         w.close()
 
     serve(body)
+
+
+def _send_all_then_read(port: int, head: bytes, body_len: int) -> tuple[bytes, str]:
+    """A plain client: the whole request written first (blocking), then the answer read, as
+    simple HTTP clients do. Returns what it read, and the error it met while sending."""
+    import socket
+
+    err = ""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        try:
+            s.sendall(head)
+            chunk = b"z" * 65536
+            left = body_len
+            while left > 0:
+                s.sendall(chunk[:left])
+                left -= len(chunk)
+        except OSError as e:
+            err = type(e).__name__
+        got = b""
+        with contextlib.suppress(OSError):
+            while data := s.recv(65536):
+                got += data
+    return got, err
+
+
+def test_an_oversized_body_gets_its_413_while_the_client_is_still_sending() -> None:
+    """Refused at its headers, the body still arrives: the server half-closes and reads it
+    away, so the client's writes succeed and it reads the 413 (a close with its bytes unread
+    would reset the connection under it)."""
+    async def body(port: int) -> None:
+        size = 8 * 1024 * 1024
+        for head in (f"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: {size}\r\n\r\n".encode(),
+                     b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b"800000\r\n"):
+            got, err = await asyncio.to_thread(_send_all_then_read, port, head, size)
+            assert err == "", f"the client could not send its body: {err}"
+            assert got.startswith(b"HTTP/1.1 413 "), got[:200]
+            assert b"larger than 1500 bytes" in got and b"Connection: close" in got
+            r, w = await connect(port)  # and the server goes on
+            w.write(post("/echo", b"{}"))
+            assert (await read_response(r))[0] == 200
+            w.close()
+
+    serve(body, max_body=1500)
+
+
+def test_a_lingering_close_is_bounded_in_bytes_and_time() -> None:
+    async def go() -> None:
+        server = HttpServer(ROUTES, max_body=1500, linger_bytes=256 * 1024, linger_time=0.6)
+        port = await server.start("127.0.0.1", 0)
+        try:
+            # bytes: a client sending without end is cut off after about linger_bytes
+            _got, err = await asyncio.to_thread(
+                _send_all_then_read, port,
+                b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999\r\n\r\n",
+                64 * 1024 * 1024)
+            assert err in ("ConnectionResetError", "BrokenPipeError"), err
+            # time: a client trickling its body is closed after linger_time
+            r, w = await connect(port)
+            w.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 9999\r\n\r\n")
+            status, _, _ = await read_response(r)
+            assert status == 413
+            assert await asyncio.wait_for(r.read(), 2) == b""  # half-closed: EOF after it
+            t0 = asyncio.get_running_loop().time()
+            while server.connections:
+                w.write(b"x")
+                await asyncio.sleep(0.05)
+                assert asyncio.get_running_loop().time() - t0 < 3, "still lingering"
+            w.close()
+        finally:
+            await server.close()
+
+    asyncio.run(go())
+
+
+FD_SERVER = """
+import asyncio, resource, sys
+from sharegpu.extender.httpserver import HttpServer, json_response, open_descriptors
+resource.setrlimit(resource.RLIMIT_NOFILE, (CAP, CAP))
+routes = {("GET", "/healthz"): lambda r: json_response("ok"),
+          ("GET", "/stats"): lambda r: json_response(
+              [main_server.shed, main_server.out_of_descriptors, open_descriptors()])}
+async def main():
+    global main_server
+    main_server, probe = HttpServer(routes, fd_headroom=HEADROOM), HttpServer(routes)
+    ports = await main_server.start(), await probe.start()
+    print(*ports, flush=True)
+    await asyncio.sleep(120)
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("headroom", ["None", "1"])
+def test_idle_connections_at_the_descriptor_limit_leave_healthz_answering(headroom: str) -> None:
+    """A process allowed 160 descriptors, its cap on connections (1,024) far above that:
+    400 idle connections (keep-alive ones, then bare ones opened in a burst) must not take
+    the last descriptors, or accept() fails (EMFILE) and /healthz, on this port or on a probe
+    port beside it, stops answering. The oldest idle connections are shed instead: before the
+    limit (the default headroom), or when accept() meets EMFILE (a headroom of 1)."""
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", FD_SERVER.replace("CAP", "160").replace("HEADROOM", headroom)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        port, probe = map(int, proc.stdout.readline().split())
+
+        async def healthz(p: int) -> float:
+            t0 = time.perf_counter()
+            r, w = await asyncio.wait_for(connect(p), 3)
+            w.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert (await asyncio.wait_for(read_response(r), 3))[0] == 200
+            w.close()
+            return time.perf_counter() - t0
+
+        async def body() -> None:
+            held = []
+            for _ in range(200):  # keep-alive clients, each served once, then idle
+                r, w = await connect(port)
+                w.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert (await asyncio.wait_for(read_response(r), 3))[0] == 200
+                held.append(w)
+            held += [(await connect(port))[1] for _ in range(200)]  # bare, in a burst
+            await asyncio.sleep(1.5)
+            worst = max([await healthz(p) for p in (port, probe) for _ in range(5)])
+            print(f"healthz worst of 10 beside 400 idle at a 160-descriptor limit "
+                  f"(headroom {headroom}): {worst * 1000:.1f} ms")
+            assert worst < 0.5, worst
+            r, w = await connect(probe)
+            w.write(b"GET /stats HTTP/1.1\r\nHost: x\r\n\r\n")
+            shed, emfile, open_fds = json.loads((await read_response(r))[2])
+            w.close()
+            assert shed >= 400 - 160
+            if headroom == "None":  # the headroom (10 of 160) stays free once bursts settle
+                assert open_fds <= 160 - 10 + 2, open_fds  # + this /stats connection
+            else:
+                assert emfile > 0  # shed when accept() failed, and served at once
+            for w in held:
+                w.close()
+
+        asyncio.run(body())
+    finally:
+        proc.kill()
+        proc.wait()

@@ -304,3 +304,74 @@ def test_details_totals_agree_with_the_columns(capsys, fixture):
                 cells = ln.split()
                 mem += sum(int(cells[i]) for i in mem_cols)
                 core += sum(int(cells[i]) for i in core_cols)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"kind": ["List"], "items": []}', "field 'kind' must be a string"),
+        ('{"kind": "List", "items": [{"kind": {"k": "Node"}}]}',
+         "field 'items[0].kind' must be a string (the object's kind, such as Node, Pod or "
+         "List), not an object"),
+        ('[{"kind": "List", "apiVersion": 1, "items": []}]',
+         "field '[0].apiVersion' must be a string (such as v1 or resource.k8s.io/v1), not a "
+         "number"),
+        ('{"kind": "List", "items": [{"kind": "PodList", "items": [{"kind": true}]}]}',
+         "field 'items[0].items[0].kind' must be a string"),
+        ('{"kind": "List", "items": [{"kind": "Node"}, 7]}',
+         "expected a JSON object of kind List, NodeList or PodList at 'items[1]'"),
+    ],
+)
+def test_a_field_of_the_wrong_type_is_named(capsys, tmp_path, content, message):
+    path = tmp_path / "dump.json"
+    path.write_text(content)
+    rc, out, err = run_cli(capsys, "--file", str(path), "-d", "-o", "json")
+    assert rc == 1 and out == ""
+    assert message in err and "internal error" not in err, err
+    assert err.count("\n") == 1
+
+
+def test_no_field_of_the_wrong_type_is_an_internal_error(capsys, tmp_path):
+    """Every field of a dump (nodes, pods, their labels, annotations, resources), in turn
+    replaced by a value of each other JSON type: a clear error or a warning, never an
+    internal error."""
+    base = json.loads((DATA / "details.json").read_text())
+
+    def paths(o: object, p: tuple = ()):
+        yield p
+        if isinstance(o, dict):
+            for k, v in o.items():
+                yield from paths(v, (*p, k))
+        elif isinstance(o, list):
+            for i, v in enumerate(o[:2]):
+                yield from paths(v, (*p, i))
+
+    path = tmp_path / "dump.json"
+    tried = 0
+    for p in list(paths(base))[1:]:
+        for bad in ([], {}, 3, True, "x"):
+            doc = json.loads(json.dumps(base))
+            o = doc
+            for k in p[:-1]:
+                o = o[k]
+            o[p[-1]] = bad
+            path.write_text(json.dumps(doc))
+            rc, _, err = run_cli(capsys, "--file", str(path), "-d", "-o", "json")
+            assert rc in (0, 1) and "internal error" not in err, (p, bad, err)
+            tried += 1
+    assert tried > 300
+
+
+def test_a_lone_surrogate_escape_is_read_as_go_reads_it(capsys, tmp_path):
+    """``"\\ud800"`` without its pair is valid JSON that no text can encode: replaced by U+FFFD
+    (as Go's decoder does) instead of failing when the table is printed."""
+    doc = json.loads((DATA / "details.json").read_text())
+    doc["items"][0]["metadata"]["name"] = "gpu-\ud800node"
+    path = tmp_path / "dump.json"
+    path.write_text(json.dumps(doc))  # ensure_ascii: written as the escape \ud800
+    assert "\\ud800" in path.read_text()
+    for args in ((), ("-d",), ("-d", "-o", "json")):
+        rc, out, err = run_cli(capsys, "--file", str(path), *args)
+        assert rc == 0 and err == "", err
+        assert "gpu-\ufffdnode" in out or "gpu-\\ufffdnode" in out
+        out.encode("utf-8")  # printable

@@ -14,8 +14,14 @@ Grammar::
     decimalExponent ::= ("e" | "E") signedNumber
 
 Only ASCII digits count (``str.isdigit`` would take ``"²"`` or the Arabic-Indic ``"٤"``); no
-spaces; values are exact (:class:`fractions.Fraction`), and a quantity beyond the API server's
-limit (2^63 - 1 in its base unit) is refused, so ``"9" * 5000`` cannot exhaust anything.
+spaces inside. Whitespace around a quantity is dropped, as the API server drops it: its
+decoders parse ``strings.TrimSpace`` of the value (whitespace being Go's ``unicode.IsSpace``:
+:data:`SPACE`). Its JSON decoder trims the raw JSON text, so a space is dropped there but an
+escaped ``\\n`` is not (the request is refused before admission); its CBOR decoder trims the
+decoded string, as this module does, so ``"4\\n"`` is 4 here: a value the API server stored is
+never refused. Values are exact (:class:`fractions.Fraction`), and a quantity beyond the API
+server's limit (2^63 - 1 in its base unit) is refused, so ``"9" * 5000`` cannot exhaust
+anything.
 """
 
 from __future__ import annotations
@@ -40,6 +46,11 @@ _BINARY = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 <
 _DECIMAL = {"n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "": 1,
             "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
 
+# Go's unicode.IsSpace, what strings.TrimSpace removes (Python's str.strip also removes
+# U+001C..U+001F, which Go keeps)
+SPACE = ("\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007"
+         "\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
+
 RULE = "must be a Kubernetes quantity (digits 0-9, an optional suffix such as m, k, Ki, Gi)"
 
 
@@ -56,7 +67,7 @@ def parse(field: str, value: Any) -> Fraction:
     elif isinstance(value, str):
         if len(value) > MAX_LEN:
             raise ValidationError(field, value[:20] + "…", f"{RULE}; at most {MAX_LEN} characters")
-        m = _RE.fullmatch(value)
+        m = _RE.fullmatch(value.strip(SPACE))
         if m is None:
             raise ValidationError(field, value, RULE)
         q = Fraction(m["number"])

@@ -115,10 +115,11 @@ _PLAIN = re.compile(r"\+?[0-9]+", re.ASCII)
 def parse_whole(field_name: str, value: Any, *, minimum: int = 1) -> int:
     """A GPU resource count: a JSON number or plain ASCII digits (the API server hands over
     quantities in canonical form, ``"4000m"`` as ``"4"``), checked with the Kubernetes quantity
-    grammar and bounds (:mod:`sharegpu.quantity`). A unit is refused: these resources count
-    GiB, percent or cards, so ``4Gi`` would ask for 4,294,967,296 of them."""
+    grammar and bounds (:mod:`sharegpu.quantity`), whitespace around it dropped as the API
+    server drops it. A unit is refused: these resources count GiB, percent or cards, so
+    ``4Gi`` would ask for 4,294,967,296 of them."""
     rule = RULE_MEM if minimum >= 1 else "must be a whole number, at least 0"
-    if isinstance(value, str) and not _PLAIN.fullmatch(value):
+    if isinstance(value, str) and not _PLAIN.fullmatch(value.strip(quantity.SPACE)):
         raise ValidationError(field_name, value, rule)
     try:
         return quantity.whole(field_name, value, minimum=minimum, rule=rule)

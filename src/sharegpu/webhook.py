@@ -14,7 +14,10 @@ read gets HTTP 400, which the API server treats as a refusal.
 POST ``/mutate`` (DRA mode, issue 21): a pod bound for the DRA node pool that asks for
 ``aliyun.com/gpu-mem`` is answered with the JSON patch of :func:`sharegpu.draclaims.translate`,
 after the ResourceClaimTemplates it names exist in the pod's namespace (created here, once per
-shape; an existing one of another content is refused). Every other pod: allowed, no patch.
+shape; an existing one of another content is refused). With a scheduler to set (opt-in,
+docs/webhook.md): a GPU-sharing pod left to the default scheduler gets ``spec.schedulerName``
+set to the scheduler that runs the extender (:func:`scheduler_patch`). Every other pod: allowed,
+no patch.
 """
 
 from __future__ import annotations
@@ -70,6 +73,29 @@ def scheduler_problem(pod: Mapping[str, Any], kind: Kind,
     return (f"spec.schedulerName={name!r}: a pod asking for {names.RES_GPU_MEM}, "
             f"{names.RES_GPU_CORE} or {names.RES_TOPOLOGY_GPU} must be scheduled by a scheduler "
             f"that runs the sharegpu extender: set schedulerName: {want}")
+
+
+DEFAULT_SCHEDULER = "default-scheduler"
+NEEDS_EXTENDER = (Kind.SHARED, Kind.SHARED_CORE, Kind.TOPOLOGY)
+
+
+def scheduler_patch(pod: Mapping[str, Any], scheduler: str) -> list[dict[str, Any]] | None:
+    """The JSON patch that gives a GPU-sharing pod (one asking for ``aliyun.com/gpu-mem``,
+    ``gpu-core.percentage`` or ``aliyun.com/gpu``) the scheduler that runs the extender, when
+    it names the default one or none; ``None`` for every other pod: no GPU, whole
+    ``nvidia.com/gpu`` cards, a scheduler of its own choosing, or a request that breaks a rule
+    (left to the validating webhook, which refuses it naming the rule)."""
+    try:
+        request = parse_pod(pod, dra_note=False)
+    except ValidationError:
+        return None
+    if request.kind not in NEEDS_EXTENDER:
+        return None
+    spec = pod.get("spec")
+    current = spec.get("schedulerName") if isinstance(spec, Mapping) else None
+    if current not in (None, "", DEFAULT_SCHEDULER) or current == scheduler:
+        return None
+    return [{"op": "add", "path": "/spec/schedulerName", "value": scheduler}]
 
 
 def _check_pod(pod: Mapping[str, Any], schedulers: frozenset[str] | None,
@@ -152,22 +178,27 @@ class TemplateApiError(Exception):
     """The API server refused or could not be reached (not the pod's fault)."""
 
 
-async def mutate(body: Any, pool: Pool | None, store: TemplateStore | None) -> dict[str, Any]:
+async def mutate(body: Any, pool: Pool | None, store: TemplateStore | None,
+                 scheduler: str | None = None) -> dict[str, Any]:
     """The AdmissionReview answer of ``/mutate``: the DRA translation of a pod bound for the
-    pool (templates first, then the patch), a refusal naming the field and the rule, or allowed
-    unchanged. A dry run creates no template."""
+    pool (templates first, then the patch), a refusal naming the field and the rule, the
+    ``schedulerName`` of a GPU-sharing pod (with ``scheduler``), or allowed unchanged. A dry
+    run creates no template."""
     req = parse_review(body)
     gvk = req.get("kind") or {}
     kind = gvk.get("kind", "Pod") if isinstance(gvk, Mapping) else None
     response: dict[str, Any] = {"uid": req["uid"], "allowed": True}
     out = {"apiVersion": body.get("apiVersion", API_VERSION), "kind": "AdmissionReview",
            "response": response}
-    if pool is None or kind != "Pod" or req.get("operation", "CREATE") != "CREATE":
+    if kind != "Pod" or req.get("operation", "CREATE") != "CREATE" or (
+            pool is None and not scheduler):
         return out
     pod = _reviewed_object(req, "Pod")
     meta = pod["metadata"]
     try:
-        tr = draclaims.translate(pod, pool)
+        # the DRA pool first: a pod bound for it gets claims, and the default scheduler
+        for_pool = pool is not None and draclaims.bound_for_pool(pod, pool)
+        tr = draclaims.translate(pod, pool) if pool is not None and for_pool else None
         if tr is not None and store is not None and not req.get("dryRun"):
             for t in tr.templates:
                 await store.ensure(t)
@@ -185,6 +216,13 @@ async def mutate(body: Any, pool: Pool | None, store: TemplateStore | None) -> d
         response["patch"] = base64.b64encode(json.dumps(list(tr.patch)).encode()).decode()
         log.debug("pod %s/%s on the DRA pool: claims %s", tr.namespace,
                   meta.get("name") or meta.get("generateName"), dict(tr.claims))
+        return out
+    patch = scheduler_patch(pod, scheduler) if scheduler and not for_pool else None
+    if patch is not None:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
+        log.debug("pod %s/%s: schedulerName set to %s", meta.get("namespace"),
+                  meta.get("name") or meta.get("generateName"), scheduler)
     return out
 
 
@@ -242,7 +280,8 @@ class _Bad(Exception):
 async def _mutate(request: web.Request) -> web.Response:
     try:
         body = await _read(request)
-        out = await mutate(body, request.app.get(POOL), request.app.get(STORE))
+        out = await mutate(body, request.app.get(POOL), request.app.get(STORE),
+                           request.app.get(SET_SCHEDULER))
     except _Bad as e:
         return web.json_response({"error": str(e)}, status=400)
     except ValidationError as e:
@@ -289,17 +328,21 @@ async def _healthz(request: web.Request) -> web.Response:
 SCHEDULERS: web.AppKey[frozenset[str] | None] = web.AppKey("schedulers")
 POOL: web.AppKey[Pool | None] = web.AppKey("pool")
 STORE: web.AppKey[TemplateStore | None] = web.AppKey("store")
+SET_SCHEDULER: web.AppKey[str | None] = web.AppKey("set_scheduler")
 
 
 def app(schedulers: frozenset[str] | None = None, pool: Pool | None = None,
-        store: TemplateStore | None = None) -> web.Application:
+        store: TemplateStore | None = None, set_scheduler: str | None = None
+        ) -> web.Application:
     """``schedulers``: the schedulerNames that run the extender; a GPU-sharing pod naming
     another is refused (``None``: not checked). ``pool``: the DRA node pool (``None``: no DRA
-    mode; ``/mutate`` changes nothing); ``store``: where its templates are created."""
+    mode); ``store``: where its templates are created. ``set_scheduler``: the schedulerName
+    ``/mutate`` gives GPU-sharing pods left to the default scheduler (``None``: off)."""
     a = web.Application(client_max_size=16 * 1024 * 1024)
     a[SCHEDULERS] = schedulers
     a[POOL] = pool
     a[STORE] = store
+    a[SET_SCHEDULER] = set_scheduler
     a.router.add_post("/validate", _validate)
     a.router.add_post("/mutate", _mutate)
     a.router.add_get("/healthz", _healthz)

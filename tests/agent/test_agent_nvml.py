@@ -114,3 +114,62 @@ async def test_agent_process_on_fake_library(fake_libdir, short_dir):
         proc.terminate()
         await asyncio.wait_for(proc.wait(), 10)
         await kubelet.stop()
+
+
+USAGE_PROBE = """
+import asyncio, json, sys
+from sharegpu.agent.nvml import RealNvml
+from sharegpu.agent.usage import ProcCgroups, UsageCollector
+from sharegpu.agent.metrics import render_usage
+n = RealNvml()
+pods = json.loads(sys.argv[2])
+async def list_pods():
+    return pods
+c = UsageCollector(n, [g.index for g in n.gpus()], list_pods, ProcCgroups(sys.argv[1]))
+usage = asyncio.run(c.collect())
+print(json.dumps({"procs": [[p.gpu, p.pid, p.used_bytes] for g in (0, 1)
+                            for p in n.processes(g)],
+                  "lines": render_usage("n1", {g.index: g.uuid for g in n.gpus()}, usage)}))
+n.close()
+"""
+
+
+def test_usage_through_pynvml_on_the_fake_library(fake_libdir, tmp_path):
+    """RealNvml's per-process query (nvmlDeviceGetComputeRunningProcesses_v3 through
+    nvidia-ml-py) and the pod mapping, on the fake library: two processes of one container
+    on GPU 1, one of another pod's container on GPU 0, one host process."""
+    uid_a, uid_b = "11111111-2222-4333-8444-555555555555", "66666666-7777-4888-9999-000000000000"
+    cid_a, cid_b = "a1" * 32, "b2" * 32
+    cgroups = {501: (uid_a, cid_a), 502: (uid_a, cid_a), 503: (uid_b, cid_b), 504: None}
+    for pid, ids in cgroups.items():
+        (tmp_path / "proc" / str(pid)).mkdir(parents=True)
+        (tmp_path / "proc" / str(pid) / "cgroup").write_text(
+            f"0::/kubepods.slice/kubepods-pod{ids[0].replace('-', '_')}.slice/"
+            f"cri-containerd-{ids[1]}.scope\n" if ids else "0::/init.scope\n")
+    (tmp_path / "procs").write_text("1 501 1000\n1 502 24\n0 503 4096\n1 504 300\n")
+
+    def pod(name, uid, cid):
+        return {"metadata": {"name": name, "namespace": "ml", "uid": uid},
+                "spec": {"nodeName": "n1", "containers": [{"name": "main", "resources": {
+                    "limits": {names.RES_GPU_MEM: "8"}}}]},
+                "status": {"phase": "Running", "containerStatuses": [
+                    {"name": "main", "containerID": f"containerd://{cid}"}]}}
+
+    pods = [pod("a", uid_a, cid_a), pod("b", uid_b, cid_b)]
+    r = subprocess.run(
+        [sys.executable, "-c", USAGE_PROBE, str(tmp_path / "proc"), json.dumps(pods)],
+        capture_output=True, text=True, timeout=60,
+        env=nvml_env(fake_libdir, FAKENVML_PROCS_FILE=str(tmp_path / "procs")))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    mib = 1 << 20
+    assert out["procs"] == [[0, 503, 4096 * mib], [1, 501, 1000 * mib], [1, 502, 24 * mib],
+                            [1, 504, 300 * mib]]
+    uuid1 = "GPU-fa4e0001-fa4e-4000-8000-000000000001"
+    assert ('sharegpu_agent_container_gpu_memory_used_bytes{node="n1",namespace="ml",pod="a",'
+            f'container="main",gpu="1",uuid="{uuid1}"}} {1024 * mib}') in out["lines"]
+    assert any(line.startswith('sharegpu_agent_container_gpu_memory_used_bytes{node="n1",'
+                               'namespace="ml",pod="b",container="main",gpu="0"')
+               and line.endswith(f" {4096 * mib}") for line in out["lines"])
+    assert f'sharegpu_agent_gpu_memory_used_bytes{{node="n1",gpu="1",uuid="{uuid1}"}} ' \
+           f"{1324 * mib}" in out["lines"]

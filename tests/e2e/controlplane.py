@@ -454,8 +454,10 @@ class ControlPlane:
         self, method: str, path: str, body: Any = None, timeout: float = 10
     ) -> tuple[int, list[str], str]:
         """As :meth:`request`, with the ``Warning`` headers of the answer (admission webhooks'
-        warnings, as kubectl prints them)."""
-        data = None if body is None else json.dumps(body).encode()
+        warnings, as kubectl prints them). A ``bytes`` body is sent as it is (JSON that
+        ``json.dumps`` would write otherwise, e.g. non-ASCII text unescaped, as kubectl does)."""
+        data = None if body is None else body if isinstance(body, bytes) else \
+            json.dumps(body).encode()
         req = urllib.request.Request(self.server + path, data=data, method=method)
         if data is not None:
             req.add_header("Content-Type", "application/json")

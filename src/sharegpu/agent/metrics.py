@@ -1,15 +1,61 @@
-"""A minimal Prometheus text endpoint for the agent (``GET /metrics``, ``GET /healthz``)."""
+"""A minimal Prometheus text endpoint for the agent (``GET /metrics``, ``GET /healthz``).
+
+With a :class:`~.usage.UsageCollector`, ``/metrics`` also tells the GPU memory in use per
+container (NVML's per-process figures, by namespace, pod, container and GPU) and per GPU, beside
+what each container was allocated (docs/metrics.md).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 
 from .mps import read_state
 from .service import Agent
+from .usage import Usage, UsageCollector
+
+log = logging.getLogger(__name__)
 
 
-def render(agent: Agent) -> str:
+def _label(v: str) -> str:
+    return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def render_usage(node: str, uuids: dict[int, str], usage: Usage) -> list[str]:
+    lines = [
+        "# HELP sharegpu_agent_gpu_memory_used_bytes GPU memory in use by every process on the "
+        "GPU (NVML)",
+        "# TYPE sharegpu_agent_gpu_memory_used_bytes gauge",
+    ]
+    for gpu, used in sorted((usage.gpus or {}).items()):
+        lines.append(f'sharegpu_agent_gpu_memory_used_bytes{{node="{node}",gpu="{gpu}",'
+                     f'uuid="{uuids.get(gpu, "")}"}} {used}')
+    lines += [
+        "# HELP sharegpu_agent_container_gpu_memory_used_bytes GPU memory in use by a "
+        "container's processes on one GPU (NVML)",
+        "# TYPE sharegpu_agent_container_gpu_memory_used_bytes gauge",
+    ]
+    for c in usage.containers:
+        lines.append(
+            f'sharegpu_agent_container_gpu_memory_used_bytes{{node="{node}",'
+            f'namespace="{_label(c.namespace)}",pod="{_label(c.pod)}",'
+            f'container="{_label(c.container)}",gpu="{c.gpu}",uuid="{uuids.get(c.gpu, "")}"}} '
+            f"{c.used_bytes}")
+    lines += [
+        "# HELP sharegpu_agent_container_gpu_memory_allocated_bytes GPU memory a container "
+        "asked for (aliyun.com/gpu-mem, over all its GPUs)",
+        "# TYPE sharegpu_agent_container_gpu_memory_allocated_bytes gauge",
+    ]
+    for a in usage.allocations:
+        lines.append(
+            f'sharegpu_agent_container_gpu_memory_allocated_bytes{{node="{node}",'
+            f'namespace="{_label(a.namespace)}",pod="{_label(a.pod)}",'
+            f'container="{_label(a.container)}"}} {a.gpu_mem_gib << 30}')
+    return lines
+
+
+def render(agent: Agent, usage: Usage | None = None) -> str:
     node = agent.config.node_name
     r = agent.readiness
     lines = [
@@ -51,10 +97,13 @@ def render(agent: Agent) -> str:
             "# TYPE sharegpu_agent_mps_daemon_restarts_total counter",
             f"sharegpu_agent_mps_daemon_restarts_total {int(mps.get('restarts') or 0)}",
         ]
+    if usage is not None:
+        lines += render_usage(node, {g.index: g.uuid for g in agent.gpus}, usage)
     return "\n".join(lines) + "\n"
 
 
-async def serve(agent: Agent, host: str, port: int) -> asyncio.Server:
+async def serve(agent: Agent, host: str, port: int,
+                usage: UsageCollector | None = None) -> asyncio.Server:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(Exception):
             line = (await reader.readline()).decode("latin-1").split()
@@ -62,7 +111,13 @@ async def serve(agent: Agent, host: str, port: int) -> asyncio.Server:
                 pass
             path = line[1] if len(line) > 1 else "/"
             if path == "/metrics":
-                status, body = "200 OK", render(agent)
+                figures = None
+                if usage is not None:
+                    try:
+                        figures = await usage.collect()
+                    except Exception as e:  # the other metrics are still served
+                        log.warning("GPU usage not read: %s", e)
+                status, body = "200 OK", render(agent, figures)
             elif path == "/healthz":
                 status, body = "200 OK", "ok\n"
             else:

@@ -50,6 +50,15 @@ class XidEvent:
         return self.xid not in APPLICATION_XIDS
 
 
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """A compute process on a GPU and the GPU memory it uses (NVML's per-process figure)."""
+
+    gpu: int  # index
+    pid: int  # in the host's PID namespace
+    used_bytes: int
+
+
 class Nvml(Protocol):
     def gpus(self) -> list[Gpu]: ...
 
@@ -65,6 +74,11 @@ class Nvml(Protocol):
 
     def responsive(self, gpu: int) -> bool:
         """Whether the GPU still answers queries (used to see a GPU recover)."""
+        ...
+
+    def processes(self, gpu: int) -> list[GpuProcess]:
+        """The compute processes on the GPU with the memory each uses; empty when the GPU
+        cannot tell (a process whose figure NVML does not know is left out)."""
         ...
 
     def close(self) -> None: ...
@@ -104,6 +118,7 @@ class FakeNvml:
         self._links = links
         self._events: queue.Queue[XidEvent] = queue.Queue()
         self._lost: set[int] = set()
+        self._procs: dict[tuple[int, int], int] = {}  # (gpu, pid) -> MiB
         self._lock = threading.Lock()
 
     @classmethod
@@ -129,10 +144,23 @@ class FakeNvml:
         with self._lock:
             return gpu not in self._lost
 
+    def processes(self, gpu: int) -> list[GpuProcess]:
+        with self._lock:
+            return [GpuProcess(g, pid, mib << 20) for (g, pid), mib in sorted(self._procs.items())
+                    if g == gpu]
+
     def close(self) -> None:
         pass
 
     # --- test and development controls ---
+    def run_process(self, gpu: int, pid: int, mib: int) -> None:
+        """Show process ``pid`` on ``gpu`` using ``mib`` MiB (0: it left the GPU)."""
+        with self._lock:
+            if mib:
+                self._procs[(gpu, pid)] = mib
+            else:
+                self._procs.pop((gpu, pid), None)
+
     def inject_xid(self, gpu: int, xid: int, *, lost: bool = True) -> None:
         """Emit an XID for ``gpu``; with ``lost`` the GPU stops answering until :meth:`recover`."""
         if lost and xid not in APPLICATION_XIDS:
@@ -237,6 +265,15 @@ class RealNvml:
             return True
         except n.NVMLError:
             return False
+
+    def processes(self, gpu: int) -> list[GpuProcess]:
+        n = self._n
+        try:
+            procs = n.nvmlDeviceGetComputeRunningProcesses(self._handles[gpu])
+        except n.NVMLError:  # not supported, GPU lost, a driver without the call
+            return []
+        return [GpuProcess(gpu, int(p.pid), int(p.usedGpuMemory)) for p in procs
+                if p.usedGpuMemory is not None]
 
     def close(self) -> None:
         n = self._n

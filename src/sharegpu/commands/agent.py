@@ -47,6 +47,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kubeconfig", default=None,
                    help="kubeconfig file (default: in-cluster, else $KUBECONFIG)")
     p.add_argument("--metrics-listen", default="0.0.0.0:9400", help="HOST:PORT, or '' for none")
+    p.add_argument("--host-proc", default="/proc",
+                   help="/proc of the host's PID namespace (NVML reports only the GPU processes "
+                        "of the agent's PID namespace: run it in the host's, as the chart does "
+                        "with hostPID): GPU memory in use per container is read through each "
+                        "process's cgroup ('' turns the usage metrics off; default /proc)")
     p.add_argument("--hami-library", default="/usr/local/vgpu/libvgpu.so",
                    help="host path of HAMi-core's libvgpu.so (containers see it at "
                         "/usr/local/vgpu/libvgpu.so)")
@@ -201,8 +206,14 @@ def run(args: argparse.Namespace) -> int:
         server = None
         if listen is not None:
             from ..agent.metrics import serve
+            from ..agent.usage import ProcCgroups, UsageCollector
 
-            server = await serve(agent, *listen)
+            usage = None
+            if args.host_proc:
+                usage = UsageCollector(
+                    nvml, [g.index for g in agent.gpus],
+                    lambda: kube.list_node_pods(config.node_name), ProcCgroups(args.host_proc))
+            server = await serve(agent, *listen, usage)
         try:
             await agent.start()
             await stop.wait()

@@ -13,7 +13,17 @@ extender needs and no more:
 - limits on what a client controls: a request must arrive whole within ``request_timeout``
   (408 and close: a slowloris cannot hold a connection), a connection idle for
   ``idle_timeout`` is closed, and at ``max_connections`` the longest-idle (or stalled)
-  connection makes room for the new one, so a fresh probe (``/healthz``) is always served.
+  connection makes room for the new one, so a fresh probe (``/healthz``) is always served;
+- the process's descriptor limit (``RLIMIT_NOFILE``) counts too: connections may take the
+  descriptors free at start less ``fd_headroom``, and beyond that the longest-idle one makes
+  room, so ``accept()`` keeps finding a descriptor (for ``/healthz``, a probe server beside
+  this one, the API client); should it fail with EMFILE all the same, an idle connection is
+  closed and accepting goes on at the loop's next turn (asyncio's server waits a second);
+- an error answered before the request was read whole (413, 408, a request that does not
+  parse) is followed by a lingering close: the server stops writing (a TCP half-close), reads
+  and discards what the client still sends, at most ``LINGER_BYTES`` for ``LINGER_TIME``
+  seconds, then closes. Closing at once, with the client's bytes unread, would reset the
+  connection, and a client still sending its body would never read the answer.
 
 A handler is a plain function, answered in the callback that completed the request (no task),
 or a coroutine function, run as a task while later requests on that connection wait. A handler
@@ -25,8 +35,12 @@ whoever is listening); :meth:`HttpServer.close` waits for running handlers.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
+import os
+import resource
+import socket
 import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
@@ -47,6 +61,32 @@ MAX_QUEUED = 64  # pipelined requests held per connection before reading pauses
 IDLE_TIMEOUT = 90.0  # Go's http.Transport keeps idle connections 90 s: close ours no sooner
 REQUEST_TIMEOUT = 10.0  # from a request's first byte to its last
 MAX_CONNECTIONS = 1024
+BACKLOG = 1024
+ACCEPT_BATCH = 16  # connections accepted per turn of the event loop, at most
+ACCEPT_RETRY = 0.2  # seconds before accepting again when descriptors ran out, none to shed
+_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+LINGER_BYTES = 64 * 1024 * 1024  # discarded after an early error answer, at most
+LINGER_TIME = 5.0  # seconds a lingering close waits for the client to stop sending
+
+
+def descriptor_limit() -> int:
+    """The process's soft limit on open descriptors (``ulimit -n``)."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def open_descriptors() -> int:
+    """How many descriptors the process has open (0 where ``/proc/self/fd`` cannot say)."""
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 0
+
+
+def default_headroom(limit: int) -> int:
+    """Descriptors kept free below ``limit`` for everything but this server's connections:
+    one in sixteen, between 8 and 256."""
+    return max(8, min(256, limit // 16))
 
 
 @dataclass(slots=True)
@@ -111,6 +151,8 @@ class _Connection(asyncio.Protocol):
         self.broken: Response | None = None  # the error to answer once the running one is done
         self.last_activity = 0.0  # loop time of the last byte read or answer written
         self.request_started: float | None = None  # loop time of an unfinished request's start
+        self.lingering: float | None = None  # loop time a lingering close began
+        self.linger_left = 0  # bytes still discarded before closing
         self._reset()
 
     def _reset(self) -> None:
@@ -125,7 +167,9 @@ class _Connection(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         self.last_activity = asyncio.get_running_loop().time()
-        if not self.server.make_room():
+        sock = transport.get_extra_info("socket")
+        fd = sock.fileno() if sock is not None else -1
+        if not self.server.make_room(fd):
             transport.close()  # every connection is busy answering: refuse this one
             self.closing = True
             return
@@ -140,6 +184,11 @@ class _Connection(asyncio.Protocol):
         self.server.connections.discard(self)
 
     def data_received(self, data: bytes) -> None:
+        if self.lingering is not None:
+            self.linger_left -= len(data)
+            if self.linger_left <= 0 and self.transport is not None:
+                self.transport.close()
+            return
         if self.closing or self.broken is not None:
             return
         self.last_activity = asyncio.get_running_loop().time()
@@ -176,7 +225,7 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         length = self.headers.get("content-length", "")
-        if length.isdigit() and int(length) > self.server.max_body:
+        if length.isascii() and length.isdigit() and int(length) > self.server.max_body:
             raise _Refused(413, f"request body larger than {self.server.max_body} bytes")
         if self.headers.get("expect", "").lower() == "100-continue" and self.transport:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -229,11 +278,11 @@ class _Connection(asyncio.Protocol):
         self.task = None
         self._write(resp, keep)
         if self.broken is not None:
-            self._write(self.broken, keep=False)
+            self._write(self.broken, keep=False, linger=True)
             return
         self._serve()
 
-    def _write(self, resp: Response, keep: bool) -> None:
+    def _write(self, resp: Response, keep: bool, *, linger: bool = False) -> None:
         if self.transport is None or self.closing:
             return
         self.last_activity = asyncio.get_running_loop().time()
@@ -241,7 +290,36 @@ class _Connection(asyncio.Protocol):
                              + resp.body)
         if not keep:
             self.closing = True
-            self.transport.close()
+            if linger:
+                self._linger()
+            else:
+                self.transport.close()
+
+    def time_out(self) -> None:
+        """A request that did not arrive whole in time: 408, and a lingering close."""
+        self.queue.clear()
+        self._write(json_response({"Error": "request not received in time"}, 408), keep=False,
+                    linger=True)
+
+    def _linger(self) -> None:
+        """Close without resetting: half-close (where the transport can: not TLS), then discard
+        what arrives until the client closes, ``LINGER_BYTES`` were read, or the reaper finds
+        ``LINGER_TIME`` passed."""
+        t = self.transport
+        assert t is not None
+        self.closing = True
+        self.lingering = asyncio.get_running_loop().time()
+        self.linger_left = self.server.linger_bytes
+        self.request_started = None
+        self.queue.clear()
+        if t.can_write_eof():
+            t.write_eof()
+        if self.paused:
+            t.resume_reading()
+            self.paused = False
+
+    def eof_received(self) -> bool | None:
+        return None  # the client is done sending: close (after what is left is written)
 
     def _fail(self, status: int, message: str) -> None:
         """Answer a request that cannot be read, after the one running if any (answers keep
@@ -250,7 +328,7 @@ class _Connection(asyncio.Protocol):
         self.queue.clear()
         error = json_response({"Error": message}, status)
         if self.task is None:
-            self._write(error, keep=False)
+            self._write(error, keep=False, linger=True)
         else:
             self.broken = error
 
@@ -261,7 +339,12 @@ class HttpServer:
     def __init__(self, routes: Mapping[tuple[str, str], Handler], *, max_body: int = MAX_BODY,
                  max_header: int = MAX_HEADER, idle_timeout: float = IDLE_TIMEOUT,
                  request_timeout: float = REQUEST_TIMEOUT,
-                 max_connections: int = MAX_CONNECTIONS) -> None:
+                 max_connections: int = MAX_CONNECTIONS, fd_limit: int | None = None,
+                 fd_headroom: int | None = None, linger_bytes: int = LINGER_BYTES,
+                 linger_time: float = LINGER_TIME) -> None:
+        """``fd_limit``: the descriptor limit (default: the process's, read at
+        :meth:`start`); ``fd_headroom``: descriptors kept free below it (default
+        :func:`default_headroom`)."""
         self.routes = dict(routes)
         self.paths = {p for _, p in self.routes}
         self.max_body = max_body
@@ -269,13 +352,24 @@ class HttpServer:
         self.idle_timeout = idle_timeout
         self.request_timeout = request_timeout
         self.max_connections = max_connections
+        self.fd_limit = fd_limit
+        self.fd_headroom = fd_headroom
+        self.linger_bytes = linger_bytes
+        self.linger_time = linger_time
+        self.shed = 0  # connections closed because descriptors ran short
+        self.out_of_descriptors = 0  # accept() calls that failed with EMFILE/ENFILE/...
         self.closed_idle = 0  # connections closed for idling, timed out, or evicted (tests)
         self.timed_out = 0
         self.evicted = 0
         self._reaper: asyncio.Task[None] | None = None
         self.connections: set[_Connection] = set()
         self.running: set[asyncio.Task[None]] = set()  # coroutine handlers not finished yet
-        self._server: asyncio.Server | None = None
+        self._listener: socket.socket | None = None
+        self._ssl: ssl.SSLContext | None = None
+        self._adopting: set[asyncio.Task[None]] = set()  # accepted, transport not made yet
+        self._fd_threshold = 1 << 62  # set by start()
+        self._fd_cap = 1 << 62  # connections the descriptors allow; set by start()
+        self._accept_batch = ACCEPT_BATCH
 
     def route(self, req: Request) -> Handler:
         h = self.routes.get((req.method, req.path))
@@ -287,46 +381,68 @@ class HttpServer:
                 {"Error": f"method {req.method} not allowed on {req.path} (use {allowed})"}, 405)
         return lambda _r: json_response({"Error": f"no such path: {req.path}"}, 404)
 
-    def make_room(self) -> bool:
-        """Below ``max_connections``, or after closing the connection that waits longest
-        while idle or stalled mid-request; ``False`` when every connection is answering."""
-        if len(self.connections) < self.max_connections:
+    def make_room(self, fd: int = -1) -> bool:
+        """Whether a new connection (on descriptor ``fd``) may stay. Below ``max_connections``
+        and below the descriptor cap, yes; otherwise after closing the connection that waits
+        longest while idle, lingering or stalled mid-request. ``False`` when
+        ``max_connections`` are all answering.
+
+        The descriptor cap is the threshold (the limit less the headroom) less the descriptors
+        open at :meth:`start`. Descriptors are handed out lowest first, so a new one at ``fd``
+        means at least ``fd`` are open: one at the threshold or above says others opened more
+        than counted, and the cap comes down to the connections open now."""
+        if fd >= self._fd_threshold:
+            self._fd_cap = min(self._fd_cap, max(1, len(self.connections)))
+        full = len(self.connections) >= self.max_connections
+        if not full and len(self.connections) < self._fd_cap:
             return True
-        now = asyncio.get_running_loop().time()
-        victims = [c for c in self.connections
-                   if c.idle or (c.request_started is not None and c.task is None
-                                 and now - c.last_activity > 1.0)]
-        if not victims:
-            return False
-        victim = min(victims, key=lambda c: c.last_activity)
-        self.evicted += 1
+        victim = self._victim()
+        if victim is None:
+            return not full  # descriptors short but nothing to shed: the headroom serves it
+        if full:
+            self.evicted += 1
+        else:
+            self.shed += 1
         self._drop(victim)
         return True
 
+    def _victim(self) -> _Connection | None:
+        """The connection to close for room: lingering ones first, then the longest idle or
+        stalled mid-request; ``None`` when every connection is answering."""
+        now = asyncio.get_running_loop().time()
+        victims = [c for c in self.connections
+                   if c.idle or c.lingering is not None
+                   or (c.request_started is not None and c.task is None
+                       and now - c.last_activity > 1.0)]
+        if not victims:
+            return None
+        return min(victims, key=lambda c: (c.lingering is None, c.last_activity))
+
     @staticmethod
-    def _drop(c: _Connection, status: int | None = None) -> None:
+    def _drop(c: _Connection) -> None:
         c.closing = True
         c.server.connections.discard(c)
         if c.transport is not None:
-            if status is not None:
-                body = json.dumps({"Error": "request not received in time"}).encode()
-                c.transport.write(_head(status, "application/json", len(body), True) + body)
             c.transport.close()
 
     async def _reap(self) -> None:
         """Once a second: close connections idle too long and requests arriving too slowly."""
         loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(min(1.0, self.idle_timeout / 2, self.request_timeout / 2))
+            await asyncio.sleep(min(1.0, self.idle_timeout / 2, self.request_timeout / 2,
+                                    self.linger_time / 2))
             now = loop.time()
             for c in list(self.connections):
-                if c.idle and now - c.last_activity > self.idle_timeout:
+                if c.lingering is not None:
+                    if now - c.lingering > self.linger_time:
+                        self._drop(c)
+                elif c.idle and now - c.last_activity > self.idle_timeout:
                     self.closed_idle += 1
                     self._drop(c)
                 elif (c.request_started is not None and c.task is None
                       and now - c.request_started > self.request_timeout):
                     self.timed_out += 1
-                    self._drop(c, 408)
+                    c.time_out()
 
     def crashed(self, req: Request, e: Exception) -> Response:
         log.exception("%s %s failed", req.method, req.path)
@@ -336,20 +452,91 @@ class HttpServer:
                     ssl_context: ssl.SSLContext | None = None) -> int:
         """Listen; returns the port (useful with ``port=0``)."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _Connection(self), host, port,
-                                                ssl=ssl_context, backlog=1024)
+        limit = self.fd_limit if self.fd_limit is not None else descriptor_limit()
+        headroom = self.fd_headroom if self.fd_headroom is not None else \
+            default_headroom(limit)
+        self._fd_threshold = limit - headroom
+        self._fd_cap = max(1, self._fd_threshold - open_descriptors())
+        self._accept_batch = max(1, min(ACCEPT_BATCH, headroom // 2))
+        family, kind, proto, _, address = (await loop.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE))[0]
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+            sock.listen(BACKLOG)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        self._listener = sock
+        self._ssl = ssl_context
+        loop.add_reader(sock.fileno(), self._accept)
         self._reaper = loop.create_task(self._reap())
-        return int(self._server.sockets[0].getsockname()[1])
+        return int(sock.getsockname()[1])
+
+    def _accept(self) -> None:
+        """Accept a few waiting connections (a few per turn of the loop: a burst cannot take
+        the descriptors before the ones accepted have shed idle connections). Out of
+        descriptors (EMFILE): shed an idle connection and accept again on the loop's next
+        turn; with nothing to shed, wait a moment."""
+        sock = self._listener
+        if sock is None:
+            return
+        loop = asyncio.get_running_loop()
+        for _ in range(self._accept_batch):
+            try:
+                conn, _addr = sock.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError as e:
+                if e.errno not in _OUT_OF_RESOURCES:
+                    log.warning("accept() failed: %s", e)
+                    return
+                self.out_of_descriptors += 1
+                victim = self._victim()
+                if victim is None:
+                    log.warning("accept() failed (%s) and no idle connection to close: "
+                                "retrying in %.1f s", e.strerror, ACCEPT_RETRY)
+                    loop.remove_reader(sock.fileno())
+                    loop.call_later(ACCEPT_RETRY, self._resume_accepting)
+                    return
+                self.shed += 1
+                self._drop(victim)
+                return  # its descriptor is freed once the loop runs its close: accept then
+            conn.setblocking(False)
+            task = loop.create_task(self._adopt(conn))
+            self._adopting.add(task)
+            task.add_done_callback(self._adopting.discard)
+
+    def _resume_accepting(self) -> None:
+        if self._listener is not None:
+            asyncio.get_running_loop().add_reader(self._listener.fileno(), self._accept)
+
+    async def _adopt(self, conn: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.connect_accepted_socket(
+                lambda: _Connection(self), conn, ssl=self._ssl,
+                ssl_handshake_timeout=self.request_timeout if self._ssl else None)
+        except (TimeoutError, OSError, ssl.SSLError) as e:
+            log.debug("connection dropped before its first byte: %s", e)
+            conn.close()
 
     async def close(self, grace: float = 10.0) -> None:
         """Stop listening, let running handlers finish (cancelled after ``grace`` seconds),
         close every connection."""
-        if self._server is None:
+        sock = self._listener
+        if sock is None:
             return
+        self._listener = None
+        asyncio.get_running_loop().remove_reader(sock.fileno())
+        sock.close()
         if self._reaper is not None:
             self._reaper.cancel()
             self._reaper = None
-        self._server.close()
+        for t in list(self._adopting):
+            t.cancel()
         if self.running:
             _, late = await asyncio.wait(set(self.running), timeout=grace)
             for t in late:
@@ -357,5 +544,4 @@ class HttpServer:
         for c in list(self.connections):
             if c.transport is not None:
                 c.transport.close()
-        await self._server.wait_closed()
-        self._server = None
+        await asyncio.sleep(0)  # let the transports finish closing

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import ssl
 import sys
 from collections.abc import Mapping
@@ -46,38 +47,83 @@ class SourceError(ShareGpuError):
 _DRA_KINDS = {"ResourceSlice": "slices", "ResourceClaim": "claims"}
 
 
+def _string_field(doc: Mapping[str, Any], name: str, where: str, at: str) -> str | None:
+    """``doc[name]`` when it is a string or absent (``None``); a SourceError naming the field
+    and the rule otherwise."""
+    value = doc.get(name)
+    if value is None or isinstance(value, str):
+        return value
+    raise SourceError(f"{where}: field '{at}{name}' must be a string ({_RULES[name]}), "
+                      f"not {_json_type(value)}")
+
+
+_RULES = {"kind": "the object's kind, such as Node, Pod or List",
+          "apiVersion": "such as v1 or resource.k8s.io/v1"}
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, Mapping):
+        return "an object"
+    return type(value).__name__
+
+
 def _collect(doc: Any, nodes: list, pods: list, where: str, depth: int = 0,
-             dra: Objects | None = None) -> None:
+             dra: Objects | None = None, at: str = "") -> None:
+    """``at``: the path of ``doc`` in the file (``items[3].``), named in errors."""
     if depth > 4:
         raise SourceError(f"{where}: lists nested more than 4 deep; expected kubectl's output")
     if isinstance(doc, list):
-        for d in doc:
-            _collect(d, nodes, pods, where, depth + 1, dra)
+        for i, d in enumerate(doc):
+            _collect(d, nodes, pods, where, depth + 1, dra, f"{at.removesuffix('.')}[{i}].")
         return
     if not isinstance(doc, Mapping):
-        raise SourceError(f"{where}: expected a JSON object of kind List, NodeList or PodList")
-    kind = doc.get("kind")
+        raise SourceError(f"{where}: expected a JSON object of kind List, NodeList or PodList"
+                          + (f" at '{at.removesuffix('.')}'" if at else ""))
+    kind = _string_field(doc, "kind", where, at)
+    version = _string_field(doc, "apiVersion", where, at)
     if kind == "Node":
         nodes.append(dict(doc))
     elif kind == "Pod":
         pods.append(dict(doc))
-    elif kind in _DRA_KINDS and str(doc.get("apiVersion", "")).startswith("resource.k8s.io/"):
+    elif kind in _DRA_KINDS and (version or "").startswith("resource.k8s.io/"):
         if dra is not None:
-            getattr(dra, _DRA_KINDS[str(kind)]).append(dict(doc))
-    elif (isinstance(kind, str) and kind.endswith("List")) or "items" in doc:
+            getattr(dra, _DRA_KINDS[kind]).append(dict(doc))
+    elif (kind is not None and kind.endswith("List")) or "items" in doc:
         items = doc.get("items")
         if not isinstance(items, list):
-            raise SourceError(f"{where}: field 'items' must be a list of objects")
+            raise SourceError(f"{where}: field '{at}items' must be a list of objects")
         implied = {"NodeList": "Node", "PodList": "Pod", "ResourceSliceList": "ResourceSlice",
-                   "ResourceClaimList": "ResourceClaim"}.get(str(kind))
-        version = doc.get("apiVersion")
-        for item in items:
+                   "ResourceClaimList": "ResourceClaim"}.get(kind or "")
+        for i, item in enumerate(items):
             if isinstance(item, Mapping) and implied and "kind" not in item:
                 item = {**item, "kind": implied}
                 if implied in _DRA_KINDS and "apiVersion" not in item and version:
                     item["apiVersion"] = version
-            _collect(item, nodes, pods, where, depth + 1, dra)
+            _collect(item, nodes, pods, where, depth + 1, dra, f"{at}items[{i}].")
     # other kinds (Events, Services, ...) in a support bundle are ignored
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _without_lone_surrogates(doc: Any) -> Any:
+    """The document with each lone UTF-16 surrogate (a ``\\ud800`` escape without its pair,
+    which no text can encode) replaced by U+FFFD, as Go's JSON decoder (kubectl's, the API
+    server's) replaces it."""
+    if isinstance(doc, str):
+        return _LONE_SURROGATE.sub("\ufffd", doc)
+    if isinstance(doc, list):
+        return [_without_lone_surrogates(d) for d in doc]
+    if isinstance(doc, dict):
+        return {_without_lone_surrogates(k): _without_lone_surrogates(v) for k, v in doc.items()}
+    return doc
 
 
 def load_file(path: str) -> Objects:
@@ -101,6 +147,8 @@ def load_file(path: str) -> Objects:
             f"--file {where}: not JSON (line {e.lineno}, column {e.colno}: {e.msg}); "
             "write it with: kubectl get nodes,pods -A -o json > FILE"
         ) from None
+    if _SURROGATE_ESCAPE.search(text):
+        doc = _without_lone_surrogates(doc)
     nodes: list[dict[str, Any]] = []
     pods: list[dict[str, Any]] = []
     dra = Objects([], [])

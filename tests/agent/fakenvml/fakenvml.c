@@ -5,6 +5,8 @@
  *   FAKENVML_XID   "GPU:XID:DELAY_MS[:LOST_MS]"  one XID event on GPU, DELAY_MS after init; the
  *                  GPU then fails memory queries (GPU_IS_LOST) for LOST_MS
  *   FAKENVML_DRIVER  driver version string (default "535.104.05")
+ *   FAKENVML_PROCS_FILE  a file read at every process query, one "GPU PID MIB" per line: the
+ *                  compute processes running on each GPU and the memory each uses
  *
  * Build: gcc -shared -fPIC -o libnvidia-ml.so.1 fakenvml.c
  */
@@ -33,6 +35,11 @@ typedef struct fake_gpu {
 typedef struct { fake_gpu *device; unsigned long long type, data; unsigned gi, ci; } event_data;
 typedef struct { unsigned long long total, free, used; } memory_info;
 typedef struct { unsigned long long mask[MAX_GPUS]; } event_set;
+typedef struct {
+    unsigned pid;
+    unsigned long long usedGpuMemory;
+    unsigned gpuInstanceId, computeInstanceId;
+} process_info;
 
 static fake_gpu gpus[MAX_GPUS];
 static unsigned gpu_count;
@@ -207,4 +214,35 @@ int nvmlEventSetWait(event_set *set, event_data *data, unsigned timeout_ms) {
 int nvmlEventSetFree(event_set *set) {
     free(set);
     return NVML_SUCCESS;
+}
+
+/* Compute processes of a GPU from FAKENVML_PROCS_FILE, as NVML answers them: with infos NULL
+ * or too small, the count needed and INSUFFICIENT_SIZE (SUCCESS when there are none). */
+int nvmlDeviceGetComputeRunningProcesses_v3(fake_gpu *d, unsigned *count, process_info *infos) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned n = 0, room = infos ? *count : 0;
+    const char *path = getenv("FAKENVML_PROCS_FILE");
+    FILE *f = path && *path ? fopen(path, "r") : NULL;
+    if (f) {
+        unsigned gpu, pid;
+        unsigned long long mib;
+        while (fscanf(f, "%u %u %llu", &gpu, &pid, &mib) == 3) {
+            if (gpu != d->index) continue;
+            if (n < room) {
+                infos[n].pid = pid;
+                infos[n].usedGpuMemory = mib * 1024ULL * 1024ULL;
+                infos[n].gpuInstanceId = 0xFFFFFFFFu;
+                infos[n].computeInstanceId = 0xFFFFFFFFu;
+            }
+            n++;
+        }
+        fclose(f);
+    }
+    *count = n;
+    if (n > room) return NVML_ERROR_INSUFFICIENT_SIZE;
+    return NVML_SUCCESS;
+}
+int nvmlDeviceGetComputeRunningProcesses_v2(fake_gpu *d, unsigned *count, process_info *infos) {
+    return nvmlDeviceGetComputeRunningProcesses_v3(d, count, infos);
 }
