@@ -44,10 +44,12 @@ from typing import Any
 
 import numpy as np
 
-from sharegpu import kobjects, names
+import devpath  # noqa: F401  (testing/ on sys.path)
+from sharegpu import names
 from sharegpu.annotations import Allocation, encode
 from sharegpu.modes import Mode
 from sharegpu.placement.base import resolve
+from sharegpu_testing import kobjects
 
 MODES = [(Mode.CGPU, 0.45), (Mode.CORE_MEM, 0.2), (Mode.SHARE, 0.05), (Mode.MPS, 0.05),
          (Mode.EXCLUSIVE, 0.15), (Mode.TOPOLOGY, 0.10)]

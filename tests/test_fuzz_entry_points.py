@@ -9,10 +9,10 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sharegpu import kobjects
 from sharegpu.errors import ValidationError
 from sharegpu.request import parse_pod
 from sharegpu.webhook import review
+from sharegpu_testing import kobjects
 
 KEYS = st.sampled_from(["metadata", "spec", "containers", "initContainers", "resources",
                         "limits", "requests", "name", "namespace", "labels", "uid",
