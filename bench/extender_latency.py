@@ -152,10 +152,10 @@ def pods(n: int, seed: int = 2, host: str = "") -> list[tuple[str, dict[str, Any
 # -- server process -----------------------------------------------------------------------------
 def serve(n_nodes: int, n_pods: int, q: Any, graded: bool = False, others: int = 0) -> None:
     from sharegpu.extender.bind import Binder
-    from sharegpu.extender.memapi import MemoryApi
     from sharegpu.extender.metrics import Metrics
     from sharegpu.extender.server import ExtenderApp
     from sharegpu.extender.view import ClusterView
+    from sharegpu_testing.memapi import MemoryApi
 
     async def main() -> None:
         view = ClusterView("default", graded=graded)
@@ -364,9 +364,9 @@ def direct(n_nodes: int, work: list[tuple[str, dict[str, Any]]], warmup: int,
     """The same pods through the view and the binder in one process, no HTTP: what the
     extender's own logic costs (the candidate lists of the ``scheduler`` scenario)."""
     from sharegpu.extender.bind import Binder
-    from sharegpu.extender.memapi import MemoryApi
     from sharegpu.extender.view import ClusterView
     from sharegpu.extender.wire import BindingArgs
+    from sharegpu_testing.memapi import MemoryApi
 
     nodes = cluster(n_nodes)
     view = ClusterView("default")

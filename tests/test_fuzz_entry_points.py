@@ -187,10 +187,10 @@ def test_inspect_file_edges_exit_codes(tmp_path):
 
 def _extender_app():  # type: ignore[no-untyped-def]
     from sharegpu.extender.bind import Binder
-    from sharegpu.extender.memapi import MemoryApi
     from sharegpu.extender.metrics import Metrics
     from sharegpu.extender.server import ExtenderApp
     from sharegpu.extender.view import ClusterView
+    from sharegpu_testing.memapi import MemoryApi
 
     view = ClusterView()
     view.reset([kobjects.node("a", [16, 16], "cgpu"), kobjects.node("b", [16, 16], "core_mem")],
