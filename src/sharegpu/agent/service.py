@@ -56,7 +56,7 @@ class Agent:
     dra_node: DraNode
     node_watch: NodeWatch
     slices: SlicePublisher | None = None  # the ResourceSlice publisher (config.dra != "off")
-    _tasks: list[asyncio.Task] = field(default_factory=list, repr=False)
+    _tasks: list[asyncio.Task] = field(default_factory=list, init=False, repr=False)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
