@@ -22,11 +22,12 @@ import time
 import grpc
 
 from sharegpu import names
+from sharegpu.agent.builder import build_agent
+from sharegpu.agent.config import AgentConfig
 from sharegpu.agent.kube import MemoryKube
 from sharegpu.agent.nvml import FakeNvml
 from sharegpu.agent.proto import api_pb2 as pb
 from sharegpu.agent.proto import api_pb2_grpc as pb_grpc
-from sharegpu.agent.service import Agent, AgentConfig
 from sharegpu.annotations import Allocation, encode
 
 NODE = "bench-node"
@@ -88,7 +89,7 @@ async def main() -> None:
         kube.add_pod(p)
     kube.latency_s = args.api_latency_ms / 1000
     nvml = FakeNvml([("T4", 15)] * 4 + [("A100", 80)] * 4)
-    agent = Agent(AgentConfig(node_name=NODE, device_plugin_dir=f"{d}/dp",
+    agent = build_agent(AgentConfig(node_name=NODE, device_plugin_dir=f"{d}/dp",
                               state_dir=f"{d}/state", allocate_retries=0), nvml, kube)
     await agent.start()
     ch = grpc.aio.insecure_channel(f"unix://{d}/dp/sharegpu-gpu-mem.sock")

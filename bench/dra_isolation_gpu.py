@@ -63,6 +63,8 @@ from dra_kubelet import TestDraKubelet, cdi_registry, container_view  # noqa: E4
 
 from isolation_gpu import mps_daemon, nvml_process_mib, torch_checks, torch_run  # noqa: E402
 from sharegpu import dra, names  # noqa: E402
+from sharegpu.agent.builder import build_agent  # noqa: E402
+from sharegpu.agent.config import AgentConfig  # noqa: E402
 from sharegpu.agent.draplugin import DraConfig, DraPlugin  # noqa: E402
 from sharegpu.agent.isolation import (  # noqa: E402
     HAMI_CONTAINER_LIBRARY,
@@ -72,7 +74,7 @@ from sharegpu.agent.isolation import (  # noqa: E402
 )
 from sharegpu.agent.kube import MemoryKube  # noqa: E402
 from sharegpu.agent.nvml import RealNvml  # noqa: E402
-from sharegpu.agent.service import Agent, AgentConfig  # noqa: E402
+from sharegpu.agent.service import Agent  # noqa: E402
 from sharegpu.isolation_check.check import (  # noqa: E402
     Check,
     DeviceMemory,
@@ -157,7 +159,7 @@ async def prepare(args: argparse.Namespace, root: str) -> tuple[dict[str, Any], 
     gpu = nvml.gpus()[args.gpu]
     dp = TestKubelet(f"{root}/dp")
     await dp.start()
-    agent = Agent(AgentConfig(
+    agent = build_agent(AgentConfig(
         node_name=NODE, device_plugin_dir=f"{root}/dp", state_dir=f"{root}/state",
         mps_control=(args.mps_control,), core_mem_isolation=Backend.HAMI_MPS,
         isolation_paths=IsolationConfig(hami_library=args.hami_library,
@@ -170,7 +172,7 @@ async def prepare(args: argparse.Namespace, root: str) -> tuple[dict[str, Any], 
     await agent.start()
     cfg = DraConfig(registry_dir=f"{root}/registry", plugin_dir=f"{root}/plugins/{dra.DRIVER}",
                     cdi_dir=f"{root}/cdi")
-    run = Running(dp, agent, DraPlugin(agent, cfg), TestDraKubelet(cfg.registry_dir))
+    run = Running(dp, agent, DraPlugin(agent.dra_node, cfg), TestDraKubelet(cfg.registry_dir))
     try:
         await run.plugin.start()
         regs = await run.kubelet.discover()

@@ -44,10 +44,12 @@ from typing import Any
 
 import numpy as np
 
-from sharegpu import kobjects, names
+import devpath  # noqa: F401  (testing/ on sys.path)
+from sharegpu import names
 from sharegpu.annotations import Allocation, encode
 from sharegpu.modes import Mode
 from sharegpu.placement.base import resolve
+from sharegpu_testing import kobjects
 
 MODES = [(Mode.CGPU, 0.45), (Mode.CORE_MEM, 0.2), (Mode.SHARE, 0.05), (Mode.MPS, 0.05),
          (Mode.EXCLUSIVE, 0.15), (Mode.TOPOLOGY, 0.10)]
@@ -150,10 +152,10 @@ def pods(n: int, seed: int = 2, host: str = "") -> list[tuple[str, dict[str, Any
 # -- server process -----------------------------------------------------------------------------
 def serve(n_nodes: int, n_pods: int, q: Any, graded: bool = False, others: int = 0) -> None:
     from sharegpu.extender.bind import Binder
-    from sharegpu.extender.memapi import MemoryApi
     from sharegpu.extender.metrics import Metrics
     from sharegpu.extender.server import ExtenderApp
     from sharegpu.extender.view import ClusterView
+    from sharegpu_testing.memapi import MemoryApi
 
     async def main() -> None:
         view = ClusterView("default", graded=graded)
@@ -362,9 +364,9 @@ def direct(n_nodes: int, work: list[tuple[str, dict[str, Any]]], warmup: int,
     """The same pods through the view and the binder in one process, no HTTP: what the
     extender's own logic costs (the candidate lists of the ``scheduler`` scenario)."""
     from sharegpu.extender.bind import Binder
-    from sharegpu.extender.memapi import MemoryApi
     from sharegpu.extender.view import ClusterView
     from sharegpu.extender.wire import BindingArgs
+    from sharegpu_testing.memapi import MemoryApi
 
     nodes = cluster(n_nodes)
     view = ClusterView("default")

@@ -20,10 +20,11 @@ import kubernetes_validate
 import pytest
 from aiohttp import web
 
-from sharegpu import draclaims, kobjects
+from sharegpu import draclaims
 from sharegpu.draclaims import Pool, Shape, apply_patch, translate
 from sharegpu.errors import ValidationError
 from sharegpu.webhook import TemplateApiError, app, mutate, review
+from sharegpu_testing import kobjects
 from sharegpu_testing.tls import make_certificates
 
 POOL = Pool()

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from sharegpu import kobjects
 from sharegpu.cli import main
+from sharegpu_testing import kobjects
 from sharegpu_testing.tls import make_certificates
 
 

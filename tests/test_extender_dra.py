@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sharegpu import dra, kobjects
+from sharegpu import dra
 from sharegpu.annotations import Allocation, encode
 from sharegpu.errors import ValidationError
 from sharegpu.extender.drastate import NOT_IN_POOL, DraPodRequest
@@ -20,6 +20,7 @@ from sharegpu.placement.base import get_policy
 from sharegpu.request import ContainerRequest, Kind, PodRequest
 from sharegpu.scheduler import Scheduler
 from sharegpu.state import ClusterState, NodeSpec
+from sharegpu_testing import kobjects
 from test_inspect_dra import dra_node, dra_slice, result
 
 

@@ -14,9 +14,9 @@ from typing import Any
 import aiohttp
 
 from scheduler_driver import Driver, mixed_nodes, mixed_pods, over_commits
-from sharegpu import kobjects
 from sharegpu.extender.kube import KubeApi
 from sharegpu.extender.replica import Replica
+from sharegpu_testing import kobjects
 
 
 def replica(fake: Any, name: str, **timing: float) -> Replica:

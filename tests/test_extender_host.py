@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sharegpu import kobjects
 from sharegpu.annotations import Allocation, encode
 from sharegpu.extender.informer import Informer
 from sharegpu.extender.kube import KubeApi
@@ -22,6 +21,7 @@ from sharegpu.nodes import spec_from_node
 from sharegpu.placement.base import get_policy
 from sharegpu.scheduler import Scheduler
 from sharegpu.state import ClusterState
+from sharegpu_testing import kobjects
 
 
 def node(name: str, cpu: str = "16", memory: str = "64Gi", gpus: int = 2) -> dict[str, Any]:

@@ -10,14 +10,14 @@ from typing import Any
 
 import aiohttp
 
-from sharegpu import kobjects
 from sharegpu.annotations import decode
 from sharegpu.extender.bind import Binder
 from sharegpu.extender.events import EventRecorder
-from sharegpu.extender.memapi import MemoryApi
 from sharegpu.extender.metrics import Metrics
 from sharegpu.extender.server import ExtenderApp
 from sharegpu.extender.view import ClusterView
+from sharegpu_testing import kobjects
+from sharegpu_testing.memapi import MemoryApi
 
 NODES = [kobjects.node("a", [16, 16], "cgpu"), kobjects.node("b", [16, 16], "core_mem"),
          kobjects.node("c", [32] * 4, "default")]

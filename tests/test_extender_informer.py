@@ -7,12 +7,12 @@ import asyncio
 import time
 from typing import Any
 
-from sharegpu import kobjects
 from sharegpu.annotations import Allocation, encode
 from sharegpu.extender.informer import Informer
 from sharegpu.extender.kube import KubeApi
 from sharegpu.extender.metrics import Metrics
 from sharegpu.extender.view import ClusterView
+from sharegpu_testing import kobjects
 
 
 def bound(name: str, node: str, gpu: int, mem: int) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from sharegpu.extender.leader import LeaderElector
-from sharegpu.extender.memapi import MemoryApi
+from sharegpu_testing.memapi import MemoryApi
 
 
 class Clock:

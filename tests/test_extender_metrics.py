@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from sharegpu import kobjects
 from sharegpu.extender.metrics import Metrics
 from sharegpu.extender.view import ClusterView
 from sharegpu.request import parse_pod
+from sharegpu_testing import kobjects
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

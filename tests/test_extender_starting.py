@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from sharegpu import kobjects
 from sharegpu.annotations import assigned_patch, decode
 from sharegpu.extender.bind import Binder, BindError
-from sharegpu.extender.memapi import MemoryApi
 from sharegpu.extender.view import ClusterView
 from sharegpu.extender.wire import BindingArgs
+from sharegpu_testing import kobjects
+from sharegpu_testing.memapi import MemoryApi
 
 # one spread node (identical pods go to different GPUs), one binpack node (they share a GPU)
 NODES = [kobjects.node("spread", [16, 16], "cgpu", placement="spread"),

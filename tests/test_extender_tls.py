@@ -20,10 +20,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from sharegpu import kobjects
 from sharegpu.cli import main
 from sharegpu.extender.kube import KubeApi
 from sharegpu.extender.replica import Replica
+from sharegpu_testing import kobjects
 from sharegpu_testing.tls import CertificateFiles, make_certificates
 
 SERVICE = "sharegpu-extender.gpu-system.svc"  # the name the chart's certificate carries

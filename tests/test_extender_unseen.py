@@ -8,13 +8,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from sharegpu import kobjects
 from sharegpu.annotations import Allocation, encode
 from sharegpu.extender.informer import Informer
-from sharegpu.extender.memapi import MemoryApi
 from sharegpu.extender.metrics import Metrics
 from sharegpu.extender.view import ClusterView
 from sharegpu.request import parse_pod
+from sharegpu_testing import kobjects
+from sharegpu_testing.memapi import MemoryApi
 
 
 def by_hand(name: str, node: str, **res: Any) -> dict[str, Any]:

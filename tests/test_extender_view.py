@@ -8,7 +8,6 @@ import random
 import numpy as np
 import pytest
 
-from sharegpu import kobjects
 from sharegpu.annotations import encode
 from sharegpu.extender.view import UNKNOWN_NODE, ClusterView, default_workload
 from sharegpu.nodes import spec_from_node
@@ -16,6 +15,7 @@ from sharegpu.placement.base import get_policy
 from sharegpu.request import parse_pod
 from sharegpu.scheduler import Scheduler
 from sharegpu.state import ClusterState
+from sharegpu_testing import kobjects
 
 
 def nodes() -> list[dict]:

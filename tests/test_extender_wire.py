@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from sharegpu import kobjects
 from sharegpu.errors import ValidationError
 from sharegpu.extender import wire
+from sharegpu_testing import kobjects
 
 
 def test_node_names_request() -> None:

@@ -9,10 +9,10 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sharegpu import kobjects
 from sharegpu.errors import ValidationError
 from sharegpu.request import parse_pod
 from sharegpu.webhook import review
+from sharegpu_testing import kobjects
 
 KEYS = st.sampled_from(["metadata", "spec", "containers", "initContainers", "resources",
                         "limits", "requests", "name", "namespace", "labels", "uid",
@@ -187,10 +187,10 @@ def test_inspect_file_edges_exit_codes(tmp_path):
 
 def _extender_app():  # type: ignore[no-untyped-def]
     from sharegpu.extender.bind import Binder
-    from sharegpu.extender.memapi import MemoryApi
     from sharegpu.extender.metrics import Metrics
     from sharegpu.extender.server import ExtenderApp
     from sharegpu.extender.view import ClusterView
+    from sharegpu_testing.memapi import MemoryApi
 
     view = ClusterView()
     view.reset([kobjects.node("a", [16, 16], "cgpu"), kobjects.node("b", [16, 16], "core_mem")],

@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from sharegpu import kobjects
 from sharegpu.errors import PlacementError, ValidationError
 from sharegpu.extender.view import ClusterView
 from sharegpu.gang import LABEL_GROUP, LABEL_GROUP_SHORT, LABEL_MIN_AVAILABLE, gang_labels, plan
@@ -15,6 +14,7 @@ from sharegpu.placement.base import get_policy
 from sharegpu.request import parse_pod
 from sharegpu.scheduler import Scheduler
 from sharegpu.state import ClusterState, NodeSpec
+from sharegpu_testing import kobjects
 
 NODES = [kobjects.node(f"gpu-{i}", [16] * 4, "cgpu") for i in range(2)]  # 8 GPUs of 16 GiB
 NAMES = ["gpu-0", "gpu-1"]

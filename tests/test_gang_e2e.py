@@ -16,11 +16,11 @@ from typing import Any
 import aiohttp
 
 from scheduler_driver import over_commits
-from sharegpu import kobjects
 from sharegpu.extender.kube import KubeApi
 from sharegpu.extender.replica import Replica
 from sharegpu.extender.view import ClusterView
 from sharegpu.gang import LABEL_GROUP, LABEL_MIN_AVAILABLE
+from sharegpu_testing import kobjects
 
 NODES = [kobjects.node(f"gpu-{i}", [16] * 4, "cgpu") for i in range(2)]  # 8 GPUs in all
 

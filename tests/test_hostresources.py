@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from sharegpu import kobjects
 from sharegpu.errors import ValidationError
 from sharegpu.hostresources import charges_node, node_allocatable, pod_request, pod_request_key
 from sharegpu.nodes import spec_from_node
+from sharegpu_testing import kobjects
 
 
 def c(cpu: str | None = None, mem: str | None = None, *, limits: bool = False,

@@ -252,9 +252,9 @@ def test_the_extender_passes_dra_pods_everywhere_and_binds_them_plainly():
     every node 0 (kube-scheduler's own scores and the allocator decide) and binds it without
     GPU annotations -- after kube-scheduler's PreBind, where DynamicResources wrote the claim's
     allocation (schedule_one.go: RunPreBindPlugins, then extendersBinding)."""
-    from sharegpu import kobjects
     from sharegpu.extender.view import ClusterView
     from sharegpu.request import parse_pod
+    from sharegpu_testing import kobjects
 
     v = ClusterView("default")
     v.reset([kobjects.node("dp", [16, 16], "cgpu"), dra_node()], [])

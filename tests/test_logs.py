@@ -24,8 +24,8 @@ def test_client_request_lines_only_at_debug():
 async def test_webhook_logs_the_pod_it_refused(caplog):
     from aiohttp.test_utils import TestClient, TestServer
 
-    from sharegpu import kobjects
     from sharegpu.webhook import app
+    from sharegpu_testing import kobjects
 
     pod = kobjects.pod("greedy", mem=4, core=33, namespace="team-a")
     review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",

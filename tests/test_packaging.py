@@ -13,6 +13,13 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # the test doubles' modules (testing/sharegpu_testing), by name
 DOUBLES = {p.stem for p in (ROOT / "testing" / "sharegpu_testing").glob("*.py")} - {"__init__"}
+# doubles that once lived in the package: their old paths must stay empty
+FORMER_DOUBLES = ("sharegpu/kobjects.py", "sharegpu/extender/memapi.py")
+
+
+def test_doubles_known_by_name():
+    """The doubles that moved out of the package are among the names the wheel is checked for."""
+    assert {"kobjects", "memapi", "fakeapi"} <= DOUBLES, DOUBLES
 
 
 @pytest.mark.timeout(300)
@@ -38,6 +45,11 @@ def test_wheel_lists_no_test_doubles(tmp_path):
     modules = {Path(f).stem for f in files if f.endswith(".py")}
     assert not modules & DOUBLES, modules & DOUBLES
     assert "sharegpu/fakeapi.py" not in files
+    assert not [f for f in FORMER_DOUBLES if f in files]
+    wheel_zip = zipfile.ZipFile(wheel)
+    users = [f for f in files if f.endswith(".py")
+             and "sharegpu_testing" in wheel_zip.read(f).decode("utf-8", "replace")]
+    assert not users, f"modules of the wheel naming the test doubles' package: {users}"
     assert not any("fake" in f for f in files), [f for f in files if "fake" in f]
 
 
@@ -49,5 +61,6 @@ def test_image_copies_no_test_doubles():
     sources = {w for c in copies if "--from=" not in c for w in c.split()[:-1]}
     assert sources == {"pyproject.toml", "README.md", "src"}, sources
     assert not (ROOT / "src" / "sharegpu" / "testing").exists()
+    assert not [f for f in FORMER_DOUBLES if (ROOT / "src" / f).exists()]
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {"testing", "tests", "bench"} <= set(ignored)

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from sharegpu import kobjects
 from sharegpu.webhook import app, review
+from sharegpu_testing import kobjects
 
 MEM = "aliyun.com/gpu-mem"
 CORE = "aliyun.com/gpu-core.percentage"
@@ -179,8 +179,8 @@ def _review_of(pod: dict) -> dict:
 def test_gpu_sharing_pod_without_the_extenders_scheduler_is_refused():
     """A pod asking for gpu-mem with the default scheduler would be placed by count alone and
     its container failed later by the agent: refused at admission, naming schedulerName."""
-    from sharegpu import kobjects
     from sharegpu.webhook import review
+    from sharegpu_testing import kobjects
 
     ack = frozenset({"ack-co-scheduler"})
     forgot = kobjects.pod("forgot", mem=4, scheduler="default-scheduler")

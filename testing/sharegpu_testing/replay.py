@@ -32,7 +32,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from sharegpu import kobjects, names
+from sharegpu import names
 from sharegpu.extender.kube import KubeApi
 from sharegpu.extender.replica import Replica
 from sharegpu.sim.engine import RunResult, node_order, run_one, unallocated
@@ -40,6 +40,7 @@ from sharegpu.sim.trace import GPU_UNITS, TracePod
 from sharegpu.sim.workload import stream, target_workload
 from sharegpu.state import NodeSpec
 
+from . import kobjects
 from .fakeapi import FakeApiServer
 
 NAMESPACE = "replay"

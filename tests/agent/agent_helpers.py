@@ -14,10 +14,12 @@ import pytest
 from agent_kubelet import TestKubelet, wait_until
 
 from sharegpu import names
+from sharegpu.agent.builder import build_agent
+from sharegpu.agent.config import AgentConfig
 from sharegpu.agent.isolation import IsolationConfig
 from sharegpu.agent.kube import MemoryKube
 from sharegpu.agent.nvml import FakeNvml
-from sharegpu.agent.service import Agent, AgentConfig
+from sharegpu.agent.service import Agent
 from sharegpu.annotations import Allocation, encode
 
 NODE = "gpu-node-1"
@@ -111,7 +113,7 @@ class Harness:
 
     async def start(self) -> Agent:
         await self.kubelet.start()
-        self.agent = Agent(self.config(), self.nvml, self.kube, self.slices)
+        self.agent = build_agent(self.config(), self.nvml, self.kube, self.slices)
         await self.agent.start()
         await wait_until(lambda: len(self.kubelet.endpoints) == 5
                          and len(self.kubelet.devices) == 5)
@@ -120,7 +122,7 @@ class Harness:
     async def restart_agent(self) -> Agent:
         assert self.agent is not None
         await self.agent.stop()
-        self.agent = Agent(self.config(), self.nvml, self.kube, self.slices)
+        self.agent = build_agent(self.config(), self.nvml, self.kube, self.slices)
         await self.agent.start()
         return self.agent
 

@@ -119,7 +119,7 @@ class Dra:
 
     async def start_plugin(self) -> None:
         assert self.h.agent is not None
-        self.plugin = DraPlugin(self.h.agent, self.config)
+        self.plugin = DraPlugin(self.h.agent.dra_node, self.config)
         await self.plugin.start()
         regs = await self.kubelet.discover()
         assert [r.name for r in regs] == [DRIVER]

@@ -18,8 +18,8 @@ from dra_kubelet import TestDraKubelet, cdi_registry, container_view
 from test_agent_dra import claim, result
 
 from sharegpu import dra, names
+from sharegpu.agent.builder import build_agent
 from sharegpu.agent.draplugin import DraConfig
-from sharegpu.agent.service import Agent
 from sharegpu.agent.slicepublisher import MemorySlices, SlicePublisher
 from sharegpu.modes import Mode, advertised_resources
 
@@ -79,7 +79,7 @@ async def test_the_plugin_follows_the_pool_label_and_the_agent(harness, short_di
     assert sockets(c) == (False, False)
     h.agent = None
     h.kube.claims.clear()  # no API read: answered from the checkpoint
-    h.agent = Agent(h.config(), h.nvml, h.kube, h.slices)
+    h.agent = build_agent(h.config(), h.nvml, h.kube, h.slices)
     await h.agent.start()
     await wait_until(lambda: sockets(c) == (True, True))
     kubelet = TestDraKubelet(c.registry_dir)
@@ -101,7 +101,7 @@ async def test_dra_on_serves_from_the_start_and_off_never(harness, short_dir):
     h.agent = None
     off = dirs(f"{short_dir}/off")
     h.cfg.update(dra="off", dra_plugin=off)
-    h.agent = Agent(h.config(), h.nvml, h.kube, h.slices)
+    h.agent = build_agent(h.config(), h.nvml, h.kube, h.slices)
     await h.agent.start()
     await asyncio.sleep(0.2)
     assert h.agent.dra_plugin is None and not os.path.exists(off.registry_dir)

@@ -10,10 +10,11 @@ from agent_helpers import NODE, make_pod, short_dir, standin_library  # noqa: F4
 from agent_kubelet import TestKubelet, wait_until
 
 from sharegpu import names
+from sharegpu.agent.builder import build_agent
+from sharegpu.agent.config import AgentConfig
 from sharegpu.agent.isolation import IsolationConfig
 from sharegpu.agent.lightkube_api import LightkubeApi, make_client
 from sharegpu.agent.nvml import FakeNvml
-from sharegpu.agent.service import Agent, AgentConfig
 from sharegpu.annotations import is_assigned
 from sharegpu.modes import Mode, advertised_resources
 
@@ -30,7 +31,7 @@ async def agent_on_fake_api(fake_api, short_dir, *, node_status, pod, gpus, **co
     kubelet = TestKubelet(f"{short_dir}/dp")
     await kubelet.start()
     client = make_client(str(fake_api.kubeconfig_path))
-    agent = Agent(
+    agent = build_agent(
         AgentConfig(node_name=NODE, device_plugin_dir=f"{short_dir}/dp",
                     state_dir=f"{short_dir}/state", kubelet_poll_s=0.05, **config),
         FakeNvml(gpus), LightkubeApi(client),

@@ -196,12 +196,12 @@ async def test_metrics_endpoint(harness):
 async def test_agent_waits_for_its_node_to_appear(short_dir):
     from agent_helpers import Harness
 
-    from sharegpu.agent.service import Agent
+    from sharegpu.agent.builder import build_agent
 
     h = Harness(short_dir, [("Tesla-T4", 15)], "cgpu")
     node = h.kube.nodes.pop(NODE)
     await h.kubelet.start()
-    agent = Agent(h.config(), h.nvml, h.kube)
+    agent = build_agent(h.config(), h.nvml, h.kube)
     started = asyncio.ensure_future(agent.start())
     await asyncio.sleep(0.3)
     assert not started.done()  # the API has no such node yet: it keeps asking
@@ -220,10 +220,10 @@ async def test_another_gpu_plugin_keeps_nvidia_gpu(short_dir):
     so in its log, a node Event and a metric, and still serves its shared resources."""
     from agent_helpers import Harness
 
+    from sharegpu.agent.builder import build_agent
     from sharegpu.agent.devices import Device
     from sharegpu.agent.metrics import render
     from sharegpu.agent.plugin import DevicePlugin
-    from sharegpu.agent.service import Agent
 
     h = Harness(short_dir, [("Tesla-T4", 15), ("Tesla-T4", 15)], "cgpu")
     await h.kubelet.start()
@@ -232,7 +232,7 @@ async def test_another_gpu_plugin_keeps_nvidia_gpu(short_dir):
     await other.start(f"{short_dir}/dp")
     await other.set_devices([Device(f"{u}::0", i) for i, u in enumerate(uuids)])
     try:
-        h.agent = Agent(h.config(), h.nvml, h.kube)
+        h.agent = build_agent(h.config(), h.nvml, h.kube)
         await h.agent.start()
         await wait_until(lambda: len(h.kubelet.endpoints) == 4)
         await asyncio.sleep(0.3)

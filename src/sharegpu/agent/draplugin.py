@@ -1,58 +1,39 @@
-"""The agent's DRA kubelet plugin (issue 21, DRA mode): the kubelet's ``v1.DRAPlugin`` service
-over gRPC on a unix socket, announced through the kubelet's plugin registration
-(``pluginregistration/v1``).
+"""The agent's DRA kubelet plugin: the kubelet's ``v1.DRAPlugin`` service over gRPC on a unix
+socket, announced through the kubelet's plugin registration (``pluginregistration/v1``).
 
-- **Registration.** A socket ``<registry>/gpu.sharegpu.io-reg.sock`` in the kubelet's
-  ``plugins_registry`` directory serves ``Registration``: the kubelet's plugin watcher asks
-  ``GetInfo`` (type ``DRAPlugin``, the driver's name, the plugin's endpoint, the services it
-  serves: ``v1.DRAPlugin``) and reports the outcome with ``NotifyRegistrationStatus``.
-- **Prepare.** ``NodePrepareResources`` names claims (namespace, name, UID) and nothing else:
-  the plugin reads each ResourceClaim from the API server and takes the results of its driver
-  from ``status.allocation.devices.results`` (:mod:`.draclaim`: device, ``consumedCapacity``,
-  ``shareID``). Each request of the claim is a container's share, given exactly what
-  Allocate gives one in device-plugin mode (:meth:`.allocate.Allocator.grant`: the GPU by
-  ``NVIDIA_VISIBLE_DEVICES``, and HAMi-core's or MPS's limits, library and mounts); it is
-  written as a CDI spec (:mod:`.cdi`) and answered as CDI device IDs
-  ``sharegpu.io/gpu=<claim uid>-gpu-<index>``.
-- **Fails closed** as Allocate does: the node's isolation back-end is checked the same way
-  (:meth:`.service.Agent.isolation_guard`); when it is not usable the claim gets that error
-  and nothing is written.
-- **Idempotent and checkpointed.** Prepared claims are recorded in ``dra-claims.json`` in the
-  agent's state directory (written whole), so preparing a claim again — also after the agent
-  restarted — answers the same devices without reading the API; ``NodeUnprepareResources``
-  removes the spec, the claim's writable directories and the record, and succeeds for a claim
-  it does not know.
-- **Claims are independent.** One call may name several claims; each gets its own answer or its
-  own error (the field and the rule that refused it), and a refused claim leaves the others,
-  and the files of every other claim, as they were.
+``NodePrepareResources`` reads each named ResourceClaim, gives each of its requests exactly
+what Allocate gives a container in device-plugin mode (through the node's fail-closed isolation
+guard), writes that as the claim's CDI spec (:mod:`.claimfiles`) and answers CDI device IDs;
+a prepared claim is answered again from the checkpoint. Each claim of a call gets its own
+answer or its own error. It reaches the rest of the agent only through :class:`DraNode`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
-import shutil
 import weakref
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 
 from .. import dra
 from ..errors import ShareGpuError, ValidationError
-from . import cdi
-from .allocate import Candidate, IsolationUnavailable
+from .allocate import Candidate, Grant, Guard
+from .claimfiles import ClaimFiles
+from .dracheckpoint import CHECKPOINT_FILE, Checkpoint
 from .draclaim import Claim, check_uid, parse_claim
+from .draconfig import CDI_DIR, PLUGINS_DIR, REGISTRY_DIR, DraConfig
+from .isolation import ContainerEnv
+from .nvml import Gpu
 from .proto import dra_v1_pb2 as pb
 from .proto import dra_v1_pb2_grpc as pb_grpc
 from .proto import pluginregistration_v1_pb2 as reg_pb
 from .proto import pluginregistration_v1_pb2_grpc as reg_grpc
-
-if TYPE_CHECKING:
-    from .service import Agent
 
 log = logging.getLogger(__name__)
 
@@ -61,65 +42,24 @@ SERVICE_V1 = "v1.DRAPlugin"  # k8s.io/kubelet pkg/apis/dra/v1 DRAPluginService
 # kubelet 1.37 takes "v1.DRAPlugin" and "v1beta1.DRAPlugin" (pkg/kubelet/cm/dra/plugin,
 # servicesSupportedByKubelet); this plugin serves v1 only.
 SUPPORTED_SERVICES = (SERVICE_V1,)
-REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
-PLUGINS_DIR = "/var/lib/kubelet/plugins"
-CDI_DIR = "/var/run/cdi"
-CHECKPOINT_FILE = "dra-claims.json"
-CHECKPOINT_VERSION = 1
 
 
 @dataclass(frozen=True)
-class DraConfig:
-    registry_dir: str = REGISTRY_DIR
-    plugin_dir: str = f"{PLUGINS_DIR}/{dra.DRIVER}"
-    cdi_dir: str = CDI_DIR
+class DraNode:
+    """What the plugin needs of the node agent: the node, its GPUs, a ResourceClaim reader,
+    the isolation guard as it is now, and the grant of one container's share (which applies
+    the node's back-end and labels, and counts a refusal)."""
 
-    @property
-    def registration_socket(self) -> str:
-        return os.path.join(self.registry_dir, f"{dra.DRIVER}-reg.sock")
-
-    @property
-    def endpoint(self) -> str:
-        return os.path.join(self.plugin_dir, "dra.sock")
+    node_name: str
+    state_dir: str
+    gpus: Sequence[Gpu]
+    read_claim: Callable[[str, str], Awaitable[Mapping[str, Any]]]
+    isolation_guard: Callable[[], Awaitable[Guard]]
+    grant: Callable[[Candidate, Guard], Grant]
 
 
 class Refused(ShareGpuError):
     """A claim cannot be prepared; the message is the error the kubelet reports for it."""
-
-
-class Checkpoint:
-    """The prepared claims: UID -> {namespace, name, devices (as answered), dirs (writable
-    host directories made for the claim)}, kept in one JSON file written whole."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.claims: dict[str, dict[str, Any]] = {}
-        self.loaded = False  # a checkpoint file was read (not absent, not unreadable)
-
-    def load(self) -> None:
-        self.claims, self.loaded = {}, False
-        try:
-            with open(self.path) as f:
-                data = json.load(f)
-        except FileNotFoundError:
-            return
-        except (OSError, ValueError) as e:
-            aside = f"{self.path}.unreadable"
-            log.error("DRA checkpoint %s cannot be read (%s): moved to %s; claims are prepared "
-                      "again from the API", self.path, e, aside)
-            with contextlib.suppress(OSError):
-                os.replace(self.path, aside)
-            return
-        claims = data.get("claims") if isinstance(data, dict) else None
-        if not isinstance(claims, dict) or data.get("version") != CHECKPOINT_VERSION:
-            log.error("DRA checkpoint %s is not version %d: ignored", self.path,
-                      CHECKPOINT_VERSION)
-            return
-        self.claims, self.loaded = claims, True
-
-    def save(self) -> None:
-        cdi.write_json(self.path, {"version": CHECKPOINT_VERSION, "claims": self.claims},
-                       mode=0o600)
 
 
 def _response(entry: dict[str, Any]) -> pb.NodePrepareResourceResponse:
@@ -153,10 +93,11 @@ class _Registration(reg_grpc.RegistrationServicer):
 
 
 class DraPlugin(pb_grpc.DRAPluginServicer):
-    def __init__(self, agent: Agent, config: DraConfig | None = None) -> None:
-        self.agent = agent
+    def __init__(self, node: DraNode, config: DraConfig | None = None) -> None:
+        self.node = node
         self.config = config or DraConfig()
-        self.checkpoint = Checkpoint(os.path.join(agent.config.state_dir, CHECKPOINT_FILE))
+        self.checkpoint = Checkpoint(os.path.join(node.state_dir, CHECKPOINT_FILE))
+        self.files = ClaimFiles(self.config.cdi_dir, self.checkpoint)
         self.registered: bool | None = None  # what the kubelet last said
         self.registration_error = ""
         self.prepared = 0  # claims prepared (not answered from the checkpoint)
@@ -165,16 +106,11 @@ class DraPlugin(pb_grpc.DRAPluginServicer):
             weakref.WeakValueDictionary())
         self._servers: list[grpc.aio.Server] = []
 
-    @property
-    def node(self) -> str:
-        return self.agent.config.node_name
-
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         for d in (self.config.registry_dir, self.config.plugin_dir, self.config.cdi_dir):
             os.makedirs(d, exist_ok=True)
-        self.checkpoint.load()
-        self._remove_orphans()
+        self.files.load()
         # the endpoint serves before the kubelet can learn of it from the registration socket
         for path, add in ((self.config.endpoint, self._add_plugin),
                           (self.config.registration_socket, self._add_registration)):
@@ -203,17 +139,6 @@ class DraPlugin(pb_grpc.DRAPluginServicer):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
 
-    def _remove_orphans(self) -> None:
-        """Specs of claims that are not in the checkpoint: written by a prepare that never
-        answered (the agent stopped in between), so no container uses them; the kubelet
-        prepares such a claim again. Only when the checkpoint was read: without it, every spec
-        is kept (a running container's restart needs its spec)."""
-        if not self.checkpoint.loaded:
-            return
-        for uid in sorted(cdi.spec_uids(self.config.cdi_dir) - set(self.checkpoint.claims)):
-            log.info("removing the CDI spec of claim %s: prepared by no answered call", uid)
-            cdi.remove_spec(self.config.cdi_dir, uid)
-
     def _lock(self, uid: str) -> asyncio.Lock:
         lock = self._locks.get(uid)
         if lock is None:
@@ -241,8 +166,8 @@ class DraPlugin(pb_grpc.DRAPluginServicer):
         except ValidationError as e:
             return uid, self._refuse(ref, uid, str(e))
         async with self._lock(uid):
-            entry = self.checkpoint.claims.get(uid)
-            if entry is not None and os.path.exists(cdi.spec_path(self.config.cdi_dir, uid)):
+            entry = self.files.prepared(uid)
+            if entry is not None:
                 return uid, _response(entry)
             try:
                 entry = await self._prepare(namespace, name, uid)
@@ -262,63 +187,44 @@ class DraPlugin(pb_grpc.DRAPluginServicer):
 
     async def _prepare(self, namespace: str, name: str, uid: str) -> dict[str, Any]:
         try:
-            obj = await self.agent.kube.get_resource_claim(namespace, name)
+            obj = await self.node.read_claim(namespace, name)
         except Exception as e:
             raise Refused(f"reading ResourceClaim {namespace}/{name} failed: {e}") from None
-        claim = parse_claim(obj, uid=uid, node=self.node,
-                            gpu_mem=[g.mem_gib for g in self.agent.gpus])
+        claim = parse_claim(obj, uid=uid, node=self.node.node_name,
+                            gpu_mem=[g.mem_gib for g in self.node.gpus])
         # every answer is built before anything is written: a refusal leaves no trace
         edits = await self._edits(claim)
-        dirs = sorted({m.host_path for _, e in edits for m in e.mounts
-                       if not m.read_only and m.host_path.endswith(f"/{uid}")})
-        for d in dirs:  # the claim's own writable directories (HAMi-core's shared cache)
-            os.makedirs(d, exist_ok=True)
-        try:
-            spec = cdi.build_spec(uid, f"{namespace}/{name}", edits)
-            cdi.write_spec(self.config.cdi_dir, uid, spec)
-            entry = {
-                "namespace": namespace, "name": name, "dirs": dirs,
-                "devices": [{"requestNames": [d.request], "poolName": d.pool,
-                             "deviceName": d.device,
-                             "cdiDeviceIds": [dra.cdi_device_id(uid, d.device)],
-                             "shareId": d.share_id} for d in claim.devices],
-            }
-            self.checkpoint.claims[uid] = entry
-            self.checkpoint.save()
-        except BaseException:
-            self.checkpoint.claims.pop(uid, None)
-            cdi.remove_spec(self.config.cdi_dir, uid)
-            for d in dirs:
-                shutil.rmtree(d, ignore_errors=True)
-            raise
+        entry = self.files.write(uid, f"{namespace}/{name}", edits, {
+            "namespace": namespace, "name": name,
+            "devices": [{"requestNames": [d.request], "poolName": d.pool,
+                         "deviceName": d.device,
+                         "cdiDeviceIds": [dra.cdi_device_id(uid, d.device)],
+                         "shareId": d.share_id} for d in claim.devices],
+        })
         log.info("DRA claim %s/%s (%s) prepared: %s", namespace, name, uid,
                  ", ".join(f"{d.device} for {d.request}" for d in claim.devices))
         return entry
 
-    async def _edits(self, claim: Claim) -> list[tuple[str, Any]]:
+    async def _edits(self, claim: Claim) -> list[tuple[str, ContainerEnv]]:
         """What each device of ``claim`` gives a container: the devices of one request are one
         container's share (numbered in GPU order, as a container's GPUs are), so each of them
         carries the same, complete edits."""
-        agent = self.agent
-        guard = await agent.isolation_guard()
-        out: list[tuple[str, Any]] = []
-        total = sum(d.mem_gib if d.mem_gib is not None else agent.gpus[d.gpu].mem_gib
+        gpus = self.node.gpus
+        guard = await self.node.isolation_guard()
+        out: list[tuple[str, ContainerEnv]] = []
+        total = sum(d.mem_gib if d.mem_gib is not None else gpus[d.gpu].mem_gib
                     for d in claim.devices)
         for request, ds in claim.requests().items():
             whole = ds[0].whole
             c = Candidate(
                 namespace=claim.namespace, name=claim.name, uid=claim.uid, container=0,
                 container_name=request,
-                mem={d.gpu: (agent.gpus[d.gpu].mem_gib if whole else int(d.mem_gib or 0))
+                mem={d.gpu: (gpus[d.gpu].mem_gib if whole else int(d.mem_gib or 0))
                      for d in ds},
                 core={d.gpu: d.core for d in ds if d.core},
                 whole=whole, pod_total_mem=total, assume_time=0,
             )
-            try:
-                grant = agent.allocator.grant(c, agent.backend, agent.labels, guard)
-            except IsolationUnavailable:
-                agent.isolation_refusals += 1
-                raise
+            grant = self.node.grant(c, guard)
             out.extend((d.device, grant.env) for d in ds)
         return out
 
@@ -332,19 +238,17 @@ class DraPlugin(pb_grpc.DRAPluginServicer):
             log.warning("DRA unprepare of %s/%s: %s (nothing to remove)", namespace, name, e)
             return uid, pb.NodeUnprepareResourceResponse()
         async with self._lock(uid):
-            entry = self.checkpoint.claims.get(uid)
             try:
-                had_spec = cdi.remove_spec(self.config.cdi_dir, uid)
-                if entry is not None:
-                    for d in entry.get("dirs") or []:
-                        shutil.rmtree(d, ignore_errors=True)
-                    del self.checkpoint.claims[uid]
-                    self.checkpoint.save()
+                had = self.files.remove(uid)
             except OSError as e:
                 msg = (f"{dra.DRIVER}: claim {namespace}/{name} ({uid}) not unprepared: "
                        f"{e.strerror or e}")
                 log.error("%s", msg)
                 return uid, pb.NodeUnprepareResourceResponse(error=msg)
-            if entry is not None or had_spec:
+            if had:
                 log.info("DRA claim %s/%s (%s) unprepared", namespace, name, uid)
         return uid, pb.NodeUnprepareResourceResponse()
+
+
+__all__ = ["CDI_DIR", "CHECKPOINT_FILE", "PLUGINS_DIR", "REGISTRY_DIR", "DraConfig", "DraNode",
+           "DraPlugin", "Refused"]

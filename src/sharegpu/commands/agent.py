@@ -7,14 +7,10 @@ import asyncio
 import os
 import signal
 
+from ..agent.draconfig import CDI_DIR, PLUGINS_DIR, REGISTRY_DIR
 from ..dra import DRIVER as DRA_DRIVER
 from ..errors import ValidationError
 from .argtypes import reserve_mib
-
-# the kubelet's directories (agent.draplugin's defaults; not imported here: it loads grpc)
-REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
-PLUGINS_DIR = "/var/lib/kubelet/plugins"
-CDI_DIR = "/var/run/cdi"
 
 NAME = "agent"
 HELP = "run the node agent: device plugins, mode switching, card-model labels, isolation"
@@ -113,10 +109,11 @@ def _listen(text: str) -> tuple[str, int] | None:
 def run(args: argparse.Namespace) -> int:
     import shlex
 
+    from ..agent.builder import build_agent
+    from ..agent.config import AgentConfig
     from ..agent.isolation import IsolationConfig, parse_core_mem, parse_policy
     from ..agent.kube import MemoryKube
     from ..agent.nvml import FakeNvml, RealNvml
-    from ..agent.service import Agent, AgentConfig
     from ..logs import configure as configure_logging
     from ..modes import parse_mode
 
@@ -142,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
         check_driver_name("--dra-driver", args.dra_driver)
     dra_plugin = None
     if args.dra != "off" and args.dra_kubelet_plugin == "on":
-        from ..agent.draplugin import DraConfig
+        from ..agent.draconfig import DraConfig
 
         if args.dra_driver != DRA_DRIVER:
             raise ValidationError("--dra-driver", args.dra_driver,
@@ -202,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        agent = Agent(config, nvml, kube, slices)
+        agent = build_agent(config, nvml, kube, slices)
         server = None
         if listen is not None:
             from ..agent.metrics import serve

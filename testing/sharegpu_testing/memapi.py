@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .kube import ApiError, KubeApi
+from sharegpu.extender.kube import ApiError, KubeApi
 
 
 class MemoryApi(KubeApi):

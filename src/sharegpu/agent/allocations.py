@@ -1,0 +1,114 @@
+"""The device plugins' answers: which devices to prefer and what a container gets on Allocate.
+The kubelet names devices only; the pod they are for is found among the node's pending pods
+(matched by the scheduler's annotations, :mod:`.allocate`), granted through the fail-closed
+isolation guard, and marked assigned once all of its containers got theirs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+from .allocate import (
+    AllocationError,
+    Allocator,
+    Candidate,
+    Grant,
+    IsolationUnavailable,
+    pending_candidates,
+)
+from .freshpods import FreshPods
+from .isolationwatch import IsolationWatch
+from .kube import KubeApi
+from .nodemode import NodeMode
+
+log = logging.getLogger(__name__)
+
+EVENT_ISOLATION = "GPUIsolationUnavailable"  # Warning event on a pod refused for it
+
+
+class Allocations:
+    def __init__(self, node_name: str, allocator: Allocator, pods: FreshPods,
+                 node_mode: NodeMode, isolation: IsolationWatch, kube: KubeApi, *,
+                 retries: int, retry_s: float) -> None:
+        self.node_name = node_name
+        self.allocator = allocator
+        self.pods = pods
+        self.node_mode = node_mode
+        self.isolation = isolation
+        self.kube = kube
+        self.retries = retries  # re-list pods this often when a request matches no pod yet
+        self.retry_s = retry_s
+        self.allocations = 0
+        self.failures = 0
+        self._background: set[asyncio.Task] = set()
+
+    async def _candidates(self) -> list[Candidate]:
+        return pending_candidates(await self.pods.get(), self.node_name)
+
+    async def preferred(
+        self, resource: str, available: Sequence[str], must_include: Sequence[str], size: int
+    ) -> list[str]:
+        cands = await self._candidates()
+        return self.allocator.preferred(resource, cands, available, must_include, size)
+
+    async def allocate(self, resource: str, device_ids: Sequence[str]) -> Grant:
+        attempt = 0
+        while True:
+            cands = await self._candidates()
+            readiness = await self.isolation.current()
+            try:
+                grant, done = self.allocator.allocate(
+                    resource, device_ids, cands, backend=self.node_mode.backend,
+                    node_labels=self.node_mode.labels,
+                    guard=self.isolation.guard_for(readiness),
+                )
+                break
+            except IsolationUnavailable as e:
+                self.failures += 1
+                self.isolation.refusals += 1
+                log.error("%s: %s refused: %s", resource, e.candidate.ref, e)
+                await self._pod_event(e.candidate, str(e))
+                raise
+            except AllocationError:
+                attempt += 1
+                if attempt > self.retries:
+                    self.failures += 1
+                    raise
+                await asyncio.sleep(self.retry_s)
+        self.allocations += 1
+        c = grant.candidate
+        if c is not None:
+            log.info("%s: %s -> GPU %s", resource, c.ref, ",".join(map(str, grant.gpus)))
+        if done and c is not None:
+            t = asyncio.get_running_loop().create_task(self._mark_assigned(c.namespace, c.name))
+            self._background.add(t)
+            t.add_done_callback(self._background.discard)
+        return grant
+
+    def cancel(self) -> None:
+        for t in list(self._background):
+            t.cancel()
+        self.pods.cancel()
+
+    async def _pod_event(self, c: Candidate, message: str) -> None:
+        try:
+            await self.kube.create_event(
+                namespace=c.namespace, pod=c.name, uid=c.uid, reason=EVENT_ISOLATION,
+                message=message[:1024], node=self.node_name,
+            )
+        except Exception as e:
+            log.warning("event for %s/%s not written: %s", c.namespace, c.name, e)
+
+    async def _mark_assigned(self, namespace: str, name: str) -> None:
+        from ..annotations import assigned_patch
+
+        delay = 0.2
+        for _ in range(10):
+            try:
+                await self.kube.patch_pod_annotations(namespace, name, assigned_patch())
+                return
+            except Exception as e:
+                log.warning("marking %s/%s assigned failed: %s", namespace, name, e)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
