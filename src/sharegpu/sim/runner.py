@@ -207,15 +207,21 @@ def run_matrix(
                 pool.submit(_task, source, w, p, s, inflation, gpu_choice): (w, p, s)
                 for w, p, s in tasks}
             pending = set(futs)
-            while pending:
-                finished, pending = wait(pending, timeout=poll_s, return_when=FIRST_COMPLETED)
-                if on_pods:
-                    on_pods(int(counter.value))
-                for f in sorted(finished, key=lambda f: tasks.index(futs[f])):
-                    r = f.result()
-                    results[futs[f]] = r
-                    if on_done:
-                        on_done(r)
+            try:
+                while pending:
+                    finished, pending = wait(pending, timeout=poll_s,
+                                             return_when=FIRST_COMPLETED)
+                    if on_pods:
+                        on_pods(int(counter.value))
+                    for f in sorted(finished, key=lambda f: tasks.index(futs[f])):
+                        r = f.result()
+                        results[futs[f]] = r
+                        if on_done:
+                            on_done(r)
+            except BaseException:  # a failed run or ^C: the runs not started yet never start
+                for f in pending:
+                    f.cancel()
+                raise
     out = []
     for w in workloads:
         for p in policies:
