@@ -80,3 +80,14 @@ def test_the_formatter_states_a_default_only_when_there_is_one():
     text = " ".join(p.format_help().split())
     assert "an a (default: x)" in text
     assert "none when left out (default" not in text and "a c (default" not in text
+
+
+def test_policies_prints_plain_text(capsys):
+    from sharegpu.cli import main
+    from sharegpu.commands.policies import plain
+
+    assert main(["policies"]) == 0
+    out = capsys.readouterr().out
+    assert "`" not in out and ":mod:" not in out and ":class:" not in out
+    assert "ACK binpack: fill the fullest node" in out
+    assert plain("see :mod:`..fragmentation` and :class:`~a.B`, ``x``") == "see fragmentation and B, x"

@@ -14,12 +14,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     pass
 
 
-_ROLE = re.compile(r":[a-z]+:`(?:\.+|~)?([^`]+)`")  # :mod:`..x`, :class:`~a.B`
+_ROLE = re.compile(r":[a-z]+:`(~?)\.*([^`]+)`")  # :mod:`..x`, :class:`~a.B`
 
 
 def plain(text: str) -> str:
-    """reStructuredText markup out of a docstring's sentence: ``x``, `x` and :role:`x` are x."""
-    text = _ROLE.sub(lambda m: m.group(1), text)
+    """reStructuredText markup out of a docstring's sentence: ``x``, `x` and :role:`x` are x
+    (:role:`~a.b` is b, as Sphinx shows it)."""
+    text = _ROLE.sub(lambda m: m.group(2).rsplit(".", 1)[-1] if m.group(1) else m.group(2),
+                     text)
     return text.replace("``", "").replace("`", "")
 
 
