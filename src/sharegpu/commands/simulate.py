@@ -21,7 +21,8 @@ PAPER_POLICIES = ["random", "dotprod", "clustering", "packing", "bestfit", "fgd"
 DEFAULT_POLICIES = [*PAPER_POLICIES, "strand"]  # the paper's six, then sharegpu's own
 PAPER_SEEDS = "42..51"
 # the quick look without a trace: the floor (random), the best of the paper's baselines, the
-# paper's policy and sharegpu's default, on three seeds: about 10 s of CPU
+# paper's policy and sharegpu's default, on three seeds: about a fifth of the CPU of all seven
+# policies on ten seeds (docs/simulator.md)
 QUICK_POLICIES = ["random", "bestfit", "fgd", "strand"]
 QUICK_SEEDS = "42..44"
 
