@@ -105,7 +105,6 @@ def test_cli_json(capsys):
     assert set(r) >= {"policy", "workload", "seeds", "unallocated_pct", "curve", "pods_per_s"}
     assert set(r["unallocated_pct"]) == {"mean", "sd"} and r["workload"] == "generated"
     assert r["curve"][0]["arrived_pct"] == 0 and r["curve"][0]["allocated_pct"] <= 0.5
-    assert r["curve"][-1]["arrived_pct"] > 120  # the whole curve: --json does not stop early
 
 
 def test_cli_plot(tmp_path):

@@ -42,17 +42,16 @@ def test_lines_one_per_finished_run_with_the_time_left():
     assert "100 % of all pods" in second and "left" not in second
 
 
-@pytest.mark.parametrize(("jobs", "headline_only"), [(1, False), (2, False), (2, True)])
-def test_pods_are_counted_over_every_run(jobs, headline_only):
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_pods_are_counted_over_every_run(jobs):
     source = Source()
     seeds = [42, 43]
-    lengths = stream_lengths(source, ["generated"], seeds, 1.3, headline_only)
+    lengths = stream_lengths(source, ["generated"], seeds, 1.3)
     total = 2 * sum(lengths.values())
     seen: list[int] = []
     done: list[RunResult] = []
     run_matrix(source, ["generated"], ["random", "bestfit"], seeds, jobs=jobs,
-               on_pods=seen.append, on_done=done.append, poll_s=0.05,
-               headline_only=headline_only)
+               on_pods=seen.append, on_done=done.append, poll_s=0.05)
     assert sorted((r.policy, r.seed) for r in done) == [
         ("bestfit", 42), ("bestfit", 43), ("random", 42), ("random", 43)]
     assert {(r.seed, r.pods) for r in done} == {(s, lengths[("generated", s)]) for s in seeds}
@@ -74,20 +73,3 @@ def test_a_piped_run_prints_a_line_per_run_and_the_results():
                         line), line
     assert "about" in lines[0] and "left" in lines[0]
     assert "bestfit" in p.stdout and "random" in p.stdout
-
-
-def test_a_run_that_stops_after_the_headline_reads_the_same_headline():
-    from sharegpu.sim import generate
-    from sharegpu.sim.engine import HEADLINE_CURVE, run_one
-    from sharegpu.sim.workload import target_workload
-
-    nodes, pods = generate.nodes(), generate.pods()
-    target = target_workload(pods)
-    for policy, seed in (("bestfit", 42), ("fgd", 43)):
-        whole = run_one(nodes, pods, policy, seed, "generated", target)
-        short = run_one(nodes, pods, policy, seed, "generated", target, headline_only=True)
-        assert (short.unallocated_pct, short.frag_pct) == (whole.unallocated_pct, whole.frag_pct)
-        assert short.curve[: HEADLINE_CURVE + 1] == whole.curve[: HEADLINE_CURVE + 1]
-        assert set(short.curve[HEADLINE_CURVE + 1 :]) == {None}
-        assert whole.curve[120] is not None
-        assert short.pods < 0.85 * whole.pods

@@ -109,10 +109,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValidationError("--jobs", args.jobs, "must be 0 (CPU count) or more")
 
     err = Console(stderr=True)
-    # the table reads only the headline and the fragmentation: a run stops there, unless the
-    # curve past 101 % is wanted (--json, --plot)
-    headline_only = not (args.json or args.plot)
-    lengths = stream_lengths(source, workloads, seeds, args.inflation, headline_only)
+    lengths = stream_lengths(source, workloads, seeds, args.inflation)
     runs = len(workloads) * len(policies) * len(seeds)
     pods = len(policies) * sum(lengths.values())
     progress = for_stream(err, sys.stderr, pods, runs)
@@ -120,7 +117,6 @@ def run(args: argparse.Namespace) -> int:
         summaries = run_matrix(
             source, workloads, policies, seeds, inflation=args.inflation, jobs=args.jobs or None,
             gpu_choice=args.gpu_choice, on_done=progress.finished, on_pods=progress.pods,
-            headline_only=headline_only,
         )
     finally:
         progress.close()

@@ -24,25 +24,6 @@ from .trace import GPU_UNITS, TracePod
 from .workload import stream
 
 CURVE_MAX = 130
-HEADLINE_CURVE = 101  # the last point of the curve the headline may read (curve[100] or ±1)
-
-
-def past_headline(total_arrived: int, capacity: int) -> bool:
-    """Whether the arrived demand (milli-GPU) is past every event the headline reads: the
-    curve's points up to :data:`HEADLINE_CURVE` average the events whose arrived % rounds to
-    them, so those up to 101.5 %; ``crossing`` and the fragmentation read the first event at
-    100 % and the one before."""
-    return total_arrived * 200 > (2 * HEADLINE_CURVE + 1) * capacity * GPU_UNITS
-
-
-def headline_length(seq: Sequence[TracePod], capacity: int) -> int:
-    """How many pods of ``seq`` a run that stops after the headline decides."""
-    total = 0
-    for i, tp in enumerate(seq):
-        total += tp.gpu_demand
-        if past_headline(total, capacity):
-            return i + 1
-    return len(seq)
 
 
 @dataclass
@@ -128,15 +109,11 @@ def run_one(
     on_progress: Callable[[int], None] | None = None,
     placements: list[str | None] | None = None,
     gpu_choice: str = "policy",
-    headline_only: bool = False,
 ) -> RunResult:
     """One policy over one seed's pod stream. ``placements``, when given, gets each pod's node
     (``None`` when it was not placed), in stream order. ``on_progress`` gets the number of pods
     decided so far, every 64 pods. ``gpu_choice="allocator"``: the policy
-    picks the node, the GPUs inside it are the DRA allocator's (first fit in device order).
-    ``headline_only``: stop once the arrived demand is past what the headline and the
-    fragmentation read (:func:`past_headline`): the same unallocated % and fragmentation, the
-    curve only up to :data:`HEADLINE_CURVE` % (``None`` after), about a quarter fewer pods."""
+    picks the node, the GPUs inside it are the DRA allocator's (first fit in device order)."""
     started = time.perf_counter()
     state = ClusterState(nodes)
     capacity = int(state.gpu_count[: state.n].sum())
@@ -173,13 +150,7 @@ def run_one(
             frag_at_100 = float(fmodel.nodes(state, live).sum()) / total_units * 100.0
         if on_progress is not None and (i & 63) == 63:
             on_progress(i + 1)
-        if headline_only and past_headline(total_arrived, capacity):
-            n = i + 1
-            arrived, used = arrived[:n], used[:n]
-            break
     unalloc, curve = unallocated(arrived, used, capacity, workload_name, inflation)
-    if headline_only:
-        curve = [y if x <= HEADLINE_CURVE else None for x, y in enumerate(curve)]
     if frag_at_100 is None:
         live = np.flatnonzero(state.active[: state.n])
         frag_at_100 = float(fmodel.nodes(state, live).sum()) / total_units * 100.0

@@ -18,7 +18,7 @@ from typing import Any
 from ..errors import ValidationError
 from ..state import ClusterState, NodeSpec
 from . import generate
-from .engine import RunResult, headline_length, run_one
+from .engine import RunResult, run_one
 from .trace import NODE_FILE, TracePod, list_workloads, read_nodes, read_pods, workload_path
 from .workload import stream, target_workload
 
@@ -80,7 +80,7 @@ def _add_to_shared(n: int) -> None:
 
 def _task(
     source: Source, workload: str, policy: str, seed: int, inflation: float,
-    gpu_choice: str = "policy", on_pods: PodsDone | None = None, headline_only: bool = False,
+    gpu_choice: str = "policy", on_pods: PodsDone | None = None,
 ) -> RunResult:
     nodes, pods = _load(source, workload)
     if on_pods is None and _SHARED is not None:
@@ -94,25 +94,22 @@ def _task(
             reported = i
 
     r = run_one(nodes, pods, policy, seed, workload, target_workload(pods), inflation,
-                on_progress=progress, gpu_choice=gpu_choice, headline_only=headline_only)
+                on_progress=progress, gpu_choice=gpu_choice)
     progress(r.pods)
     return r
 
 
 def stream_lengths(
-    source: Source, workloads: Sequence[str], seeds: Sequence[int], inflation: float,
-    headline_only: bool = False,
+    source: Source, workloads: Sequence[str], seeds: Sequence[int], inflation: float
 ) -> dict[tuple[str, int], int]:
-    """Pods each policy's run of a (workload, seed) decides: its whole stream, or up to the
-    headline (``headline_only``, :func:`.engine.headline_length`)."""
+    """Pods in each (workload, seed)'s stream: what every policy's run of it decides."""
     out = {}
     for w in workloads:
         nodes, pods = _load(source, w)
         state = ClusterState(nodes)
         capacity = int(state.gpu_count[: state.n].sum())
         for s in seeds:
-            seq = stream(pods, capacity, s, inflation)
-            out[(w, s)] = headline_length(seq, capacity) if headline_only else len(seq)
+            out[(w, s)] = len(stream(pods, capacity, s, inflation))
     return out
 
 
@@ -176,14 +173,11 @@ def run_matrix(
     gpu_choice: str = "policy",
     on_pods: Callable[[int], None] | None = None,
     poll_s: float = 0.25,
-    headline_only: bool = False,
 ) -> list[Summary]:
     """``gpu_choice``: ``policy`` (the policy's own GPUs inside the node) or ``allocator``
     (kube-scheduler's DRA allocator's: the first that fit, in device order). ``on_done`` gets
     each finished run; ``on_pods`` the number of pods decided so far over all runs (every
-    ``poll_s`` seconds with worker processes, every 64 pods without). ``headline_only``: each
-    run stops once past what the unallocated % and the fragmentation read (the curve then
-    ends at 101 %)."""
+    ``poll_s`` seconds with worker processes, every few hundred pods without)."""
     for w in workloads:  # fail early, with a clear message, on a missing workload
         _load(source, w)
     # seed by seed, every policy of a seed together: the pace of the first runs is the pace
@@ -201,7 +195,7 @@ def run_matrix(
                 on_pods(done)
 
         for w, p, s in tasks:
-            r = _task(source, w, p, s, inflation, gpu_choice, count, headline_only)
+            r = _task(source, w, p, s, inflation, gpu_choice, count)
             results[(w, p, s)] = r
             if on_done:
                 on_done(r)
@@ -210,8 +204,7 @@ def run_matrix(
         with ProcessPoolExecutor(max_workers=jobs, initializer=_share,
                                  initargs=(counter,)) as pool:
             futs: dict[Future[RunResult], tuple[str, str, int]] = {
-                pool.submit(_task, source, w, p, s, inflation, gpu_choice, None,
-                            headline_only): (w, p, s)
+                pool.submit(_task, source, w, p, s, inflation, gpu_choice): (w, p, s)
                 for w, p, s in tasks}
             pending = set(futs)
             try:
