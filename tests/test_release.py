@@ -125,3 +125,10 @@ def test_helm_for_the_tests_is_built_from_its_pinned_go_module():
     assert re.search(rf"^helm\.sh/helm/v4 {re.escape(pin)}/go\.mod h1:\S+=$", gosum, flags=re.M)
     kube = (ROOT / "e2e" / "tools" / "kubectl" / "go.mod").read_text()
     assert re.search(r"^\s*k8s\.io/kubectl v0\.\d+\.\d+$", kube, flags=re.M)
+
+
+def test_run_blocks_take_secrets_from_env_and_fail_on_a_failed_pipe():
+    assert workflow()["defaults"] == {"run": {"shell": "bash"}}  # -eo pipefail
+    for job in workflow()["jobs"]:
+        for step in steps(job):
+            assert "${{" not in step.get("run", ""), (job, step.get("name"))
