@@ -49,7 +49,9 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--jobs", type=int, default=0,
                    help="worker processes (default: 0, one per CPU, at most one per run)")
     s.add_argument("--json", action="store_true", help="print JSON results to stdout")
-    s.add_argument("--plot", type=Path, help="write the allocation-curve plot to this PNG")
+    s.add_argument("--plot", type=Path, metavar="PNG",
+                   help="write the allocation-curve plot to this PNG (needs matplotlib: "
+                   "pip install 'sharegpu[plot]')")
     s.add_argument("--gpu-choice", choices=["policy", "allocator"], default="policy",
                    help="GPUs inside the chosen node: the policy's own (default), or what "
                    "kube-scheduler's DRA allocator takes (the first that fit, in device order; "
