@@ -9,7 +9,11 @@
 # Module mode with the pinned go.mod/go.sum (-mod=readonly: nothing is re-resolved), -trimpath,
 # CGO_ENABLED=0, no VCS stamping. Go's module and build caches are reused, and a build is
 # skipped while its binary is newer than every file of its e2e/tools/<tool>/ and this script,
-# built by this Go (FORCE=1 rebuilds anyway). The first helm build takes a few minutes.
+# built by this Go (FORCE=1 rebuilds anyway). Measured on the shared, busy 2-core machine at
+# -p 1: helm 65 minutes the first time, 44 s with Go's build cache warm; kubectl 24 minutes and
+# 22 s.
+#
+# GO_PARALLEL sets go build's -p (default 1: the development machine is shared; CI sets more).
 #
 # Usage: scripts/install-tools.sh [--force]
 set -euo pipefail
@@ -60,12 +64,12 @@ build() {
     start=$(date +%s)
     rm -f "$stamp"
     echo "install-tools: building $out from $pkg ($("$GO" version | cut -d' ' -f3))"
-    if ! (cd "$src" && nice -n 10 "$GO" build -p 1 -trimpath -ldflags "-s -w -buildid= $ldflags" \
+    if ! (cd "$src" && nice -n 10 "$GO" build -p "${GO_PARALLEL:-1}" -trimpath -ldflags "-s -w -buildid= $ldflags" \
             -o "$tmp" "$pkg"); then
         rm -f "$tmp"
         fail "go build in e2e/tools/$tool exited non-zero after $(($(date +%s) - start))s"
     fi
-    if [ -n "$vet" ] && ! (cd "$src" && nice -n 10 "$GO" vet -p 1 -trimpath .); then
+    if [ -n "$vet" ] && ! (cd "$src" && nice -n 10 "$GO" vet -p "${GO_PARALLEL:-1}" -trimpath .); then
         rm -f "$tmp"
         fail "go vet in e2e/tools/$tool found problems (see above)"
     fi
