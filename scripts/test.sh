@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
-# helm and kubectl for the chart and plugin tests (into .tools/, once)
+# helm and kubectl for the chart and plugin tests, built from pinned Go modules into .tools/
+# (e2e/tools/; the first time a few minutes, then skipped while up to date)
 bash scripts/install-tools.sh
 export PATH="$PWD/.tools/bin:$PATH"
 .venv/bin/ruff check src tests bench testing

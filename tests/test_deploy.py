@@ -37,6 +37,6 @@ def test_no_hand_written_manifests_beside_the_chart() -> None:
 
 
 def test_docs_point_to_the_chart_for_plain_manifests() -> None:
-    text = (ROOT / "README.md").read_text()
-    assert "kubectl apply -f deploy/" not in text
-    assert "helm template sharegpu charts/sharegpu" in text
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        assert "kubectl apply -f deploy/" not in doc.read_text(), doc
+    assert "helm template sharegpu charts/sharegpu" in (ROOT / "docs" / "extender.md").read_text()

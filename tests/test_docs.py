@@ -112,6 +112,6 @@ def test_resourcepolicy_example_is_accepted_by_the_crd_and_the_extender():
     assert [u.max for u in p.units] == [10, 10, None]
     assert (p.when, p.timeout_s) == (TIMEOUT_OR_MAX, 300.0)
     for doc in ((ROOT / "docs" / "resourcepolicy.md").read_text(),
-                (ROOT / "README.md").read_text()):
+                (ROOT / "docs" / "extender.md").read_text()):
         text = doc.split("```yaml\n", 1)[1].split("```", 1)[0]
         parse_policy(yaml.safe_load(text))

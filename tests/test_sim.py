@@ -144,8 +144,30 @@ def test_generate_writes_openb_files(tmp_path):
     assert pods == generate.pods()
 
 
-def test_cli_default_runs_the_paper_policies_and_strand(capsys):
+def test_cli_default_without_a_trace_is_the_quick_look(capsys):
     assert main(["simulate", "--seeds", "42", "--json", "--jobs", "1"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert [r["policy"] for r in out["results"]] == [
-        "random", "dotprod", "clustering", "packing", "bestfit", "fgd", "strand"]
+    assert [r["policy"] for r in out["results"]] == ["random", "bestfit", "fgd", "strand"]
+
+
+def test_defaults_with_a_trace_are_the_papers_comparison():
+    from sharegpu.commands.simulate import defaults
+
+    assert defaults(True) == (
+        ["random", "dotprod", "clustering", "packing", "bestfit", "fgd", "strand"], "42..51")
+    assert defaults(False) == (["random", "bestfit", "fgd", "strand"], "42..44")
+
+
+def test_an_unknown_workload_lists_the_ones_there(tmp_path, capsys):
+    generate.write(tmp_path)
+    (tmp_path / "openb_pod_list_other.csv").write_text(
+        (tmp_path / "openb_pod_list_generated.csv").read_text())
+    assert main(["simulate", "--trace", str(tmp_path), "--workload", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "--workload='nope'" in err and "its workloads: generated, other" in err
+
+
+def test_generate_says_how_to_use_what_it_wrote(tmp_path, capsys):
+    assert main(["generate", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"sharegpu simulate --trace {tmp_path} --workload generated" in out

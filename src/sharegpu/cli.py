@@ -23,11 +23,13 @@ __all__ = ["main", "parse_seeds", "positive_float"]
 
 
 class HelpFormatter(argparse.HelpFormatter):
-    """Every option's help ends with its default, unless the text already says it."""
+    """Every option's help ends with its default, unless the text already says it. An option
+    whose default is empty (``None``, ``False``, ``""``) shows none: its text says what leaving
+    it out means."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if ("default" in text or action.default in (None, False, argparse.SUPPRESS)
+        if ("default" in text or action.default in (None, False, "", argparse.SUPPRESS)
                 or not action.option_strings):
             return text
         return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"

@@ -116,13 +116,17 @@ def default_path() -> str | None:
     return str(home) if home.is_file() else None
 
 
+ORDER = "--kubeconfig, else $KUBECONFIG, else ~/.kube/config, else in-cluster"
+"""Where every component and CLI looks for the cluster, in kubectl's order."""
+
+
 def load(path: str | None = None, context: str | None = None, *, field: str = FIELD) -> Any:
-    """A lightkube ``KubeConfig``: from ``path``, else in-cluster, else the default file;
-    checked first (:func:`check`, for ``context`` when given). ValidationError says what is
-    wrong."""
+    """A lightkube ``KubeConfig``, found in the order of :data:`ORDER`: ``path``, else
+    :func:`default_path`, else the in-cluster service account; a file is checked first
+    (:func:`check`, for ``context`` when given). ValidationError says what is wrong."""
     from lightkube import ConfigError, KubeConfig
 
-    if path is None and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+    if path is None:
         path = default_path()
     try:
         if path is None:

@@ -9,7 +9,8 @@ from .kube import Obj
 
 
 def make_client(kubeconfig: str | None = None):  # type: ignore[no-untyped-def]
-    """An async client: ``kubeconfig`` if given, else in-cluster, else ``$KUBECONFIG``."""
+    """An async client, from the cluster configuration found in
+    :data:`sharegpu.kubeconfig.ORDER`."""
     import ssl
 
     from lightkube import AsyncClient

@@ -41,7 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fake-gpus", default="Tesla-T4:15,Tesla-T4:15",
                    help='GPUs of --nvml fake: "NAME:GIB,..." (e.g. Tesla-T4:15,Tesla-T4:15)')
     p.add_argument("--kubeconfig", default=None,
-                   help="kubeconfig file (default: in-cluster, else $KUBECONFIG)")
+                   help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config, else "
+                   "in-cluster)")
     p.add_argument("--metrics-listen", default="0.0.0.0:9400", help="HOST:PORT, or '' for none")
     p.add_argument("--host-proc", default="/proc",
                    help="/proc of the host's PID namespace (NVML reports only the GPU processes "
@@ -53,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "/usr/local/vgpu/libvgpu.so)")
     p.add_argument("--hami-installed", default="",
                    help="file naming the library the chart's init container installed (wins "
-                        "over --hami-library)")
+                        "over --hami-library; default: none, --hami-library is used)")
     p.add_argument("--reserve-mib", default="0", metavar="MIB",
                    help="MiB of each GPU kept out of the GiB it is advertised with (default 0, "
                         "as ACK; 1024 leaves room for what CUDA cannot use of a full card)")

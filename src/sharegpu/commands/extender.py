@@ -142,8 +142,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "port (development and tests only)")
     p.add_argument("--metrics-listen", default="",
                    help="HOST:PORT of a plain-HTTP port serving only GET /healthz, /readyz and "
-                        "/metrics (kubelet probes, Prometheus); no verb is served there")
-    p.add_argument("--kubeconfig", help="default: in-cluster, else $KUBECONFIG")
+                        "/metrics (kubelet probes, Prometheus); no verb is served there "
+                        "(default: none; the verb port answers them too)")
+    p.add_argument("--kubeconfig", metavar="FILE",
+                   help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config, else "
+                   "in-cluster)")
     p.add_argument("--api-url", help="plain-HTTP API server URL instead of a kubeconfig "
                    "(kubectl proxy, tests)")
     p.add_argument("--lease-namespace", default="kube-system",

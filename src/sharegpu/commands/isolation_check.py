@@ -61,8 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seconds", default="5", metavar="S",
                    help="how long the compute probes run (default 5)")
     p.add_argument("--compute-kernel", default="burn", choices=("burn", "spin"),
-                   help="the compute probes' kernel: burn, a fixed amount of arithmetic per "
-                        "launch (default), or spin, a busy loop on the clock")
+                   help="the compute probes' kernel: burn (default), a fixed amount of "
+                        "arithmetic per launch, or spin, a busy loop on the clock")
     p.add_argument("--reserve-mib", default="0", metavar="MIB",
                    help="the agent's --reserve-mib, for the GiB --fill counts with (default 0)")
     p.add_argument("--fill", action="store_true",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 NAME = "policies"
@@ -13,15 +14,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     pass
 
 
+_ROLE = re.compile(r":[a-z]+:`(~?)\.*([^`]+)`")  # :mod:`..x`, :class:`~a.B`
+
+
+def plain(text: str) -> str:
+    """reStructuredText markup out of a docstring's sentence: ``x``, `x` and :role:`x` are x
+    (:role:`~a.b` is b, as Sphinx shows it)."""
+    text = _ROLE.sub(lambda m: m.group(2).rsplit(".", 1)[-1] if m.group(1) else m.group(2),
+                     text)
+    return text.replace("``", "").replace("`", "")
+
+
 def describe(name: str) -> str:
-    """The first sentence of the policy module's docstring."""
+    """The first sentence of the policy module's docstring, as plain text."""
     from ..placement.base import _REGISTRY, _load_all
 
     _load_all()
     doc = sys.modules[_REGISTRY[name].__module__].__doc__ or ""
     text = " ".join(doc.split())
     end = text.find(". ")
-    return text if end < 0 else text[: end + 1]
+    return plain(text if end < 0 else text[: end + 1])
 
 
 def run(args: argparse.Namespace) -> int:

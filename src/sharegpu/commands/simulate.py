@@ -13,25 +13,45 @@ HELP = "replay a workload through the placement policies and measure stranded GP
 DESCRIPTION = (
     "Replays pods through the same core that schedules a cluster, following the FGD paper's "
     "protocol (shuffle per seed, inflate to 1.3x capacity, arrival only, one try per pod). "
-    "Without --trace it runs on a generated cluster and workload."
+    "Without --trace it runs a quick look on a generated cluster and workload: four policies, "
+    "three seeds. With --trace it runs the paper's comparison: its six policies and strand, "
+    "seeds 42..51."
 )
 PAPER_POLICIES = ["random", "dotprod", "clustering", "packing", "bestfit", "fgd"]
 DEFAULT_POLICIES = [*PAPER_POLICIES, "strand"]  # the paper's six, then sharegpu's own
+PAPER_SEEDS = "42..51"
+# the quick look without a trace: the floor (random), the best of the paper's baselines, the
+# paper's policy and sharegpu's default, on three seeds: about a fifth of the CPU of all seven
+# policies on ten seeds (docs/simulator.md)
+QUICK_POLICIES = ["random", "bestfit", "fgd", "strand"]
+QUICK_SEEDS = "42..44"
+
+
+def defaults(trace: bool) -> tuple[list[str], str]:
+    """The policies and seeds of a run that names none: the paper's with a trace, the quick
+    look without."""
+    return (DEFAULT_POLICIES, PAPER_SEEDS) if trace else (QUICK_POLICIES, QUICK_SEEDS)
 
 
 def add_arguments(s: argparse.ArgumentParser) -> None:
-    s.add_argument("--trace", type=Path, help="folder with openb_node_list_gpu_node.csv and "
-                   "openb_pod_list_<NAME>.csv (e.g. ../shared/traces/openb)")
+    s.add_argument("--trace", type=Path, metavar="DIR", help="folder with "
+                   "openb_node_list_gpu_node.csv and openb_pod_list_<NAME>.csv: Alibaba's "
+                   "openb trace, or what 'sharegpu generate' writes")
     s.add_argument("--workload", action="append", help="workload NAME (repeatable; default: "
                    "'default' with --trace, 'generated' without)")
     s.add_argument("--policy", action="append", help="placement policy (repeatable; default: "
-                   "the six paper policies and strand); see 'sharegpu policies'")
-    s.add_argument("--seeds", default="42..51", help="seeds: 42..51, 42,43 or 42 (default 42..51)")
+                   f"{', '.join(DEFAULT_POLICIES)} with --trace, {', '.join(QUICK_POLICIES)} "
+                   "without); see 'sharegpu policies'")
+    s.add_argument("--seeds", help=f"seeds: 42..51, 42,43 or 42 (default: {PAPER_SEEDS} with "
+                   f"--trace, {QUICK_SEEDS} without)")
     s.add_argument("--inflation", type=positive_float, default=1.3,
                    help="inflate the workload to this × GPU capacity (default 1.3)")
-    s.add_argument("--jobs", type=int, default=0, help="worker processes (default: CPU count)")
+    s.add_argument("--jobs", type=int, default=0,
+                   help="worker processes (default: 0, one per CPU, at most one per run)")
     s.add_argument("--json", action="store_true", help="print JSON results to stdout")
-    s.add_argument("--plot", type=Path, help="write the allocation-curve plot to this PNG")
+    s.add_argument("--plot", type=Path, metavar="PNG",
+                   help="write the allocation-curve plot to this PNG (needs matplotlib: "
+                   "pip install 'sharegpu[plot]')")
     s.add_argument("--gpu-choice", choices=["policy", "allocator"], default="policy",
                    help="GPUs inside the chosen node: the policy's own (default), or what "
                    "kube-scheduler's DRA allocator takes (the first that fit, in device order; "
@@ -64,14 +84,17 @@ def check_plot_path(path: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
+
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from ..placement.base import get_policy
     from ..sim import generate, report
-    from ..sim.runner import Source, run_matrix
+    from ..sim.progress import for_stream
+    from ..sim.runner import Source, run_matrix, stream_lengths
 
-    seeds = parse_seeds(args.seeds)
+    default_policies, default_seeds = defaults(args.trace is not None)
+    seeds = parse_seeds(args.seeds or default_seeds)
     if args.plot:
         check_plot_path(args.plot)
     if args.trace is not None and not args.trace.is_dir():
@@ -81,30 +104,32 @@ def run(args: argparse.Namespace) -> int:
     else:
         source = Source(args.trace.resolve())
     workloads = args.workload or (["default"] if args.trace else [generate.WORKLOAD_NAME])
-    policies = args.policy or DEFAULT_POLICIES
+    policies = args.policy or default_policies
     for pol in policies:
         get_policy(pol)  # validates the name
     if args.jobs < 0:
         raise ValidationError("--jobs", args.jobs, "must be 0 (CPU count) or more")
 
     err = Console(stderr=True)
-    total = len(workloads) * len(policies) * len(seeds)
-    with Progress(
-        "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), console=err, transient=True, disable=total < 2,
-    ) as progress:
-        task = progress.add_task("simulating", total=total)
+    lengths = stream_lengths(source, workloads, seeds, args.inflation)
+    runs = len(workloads) * len(policies) * len(seeds)
+    pods = len(policies) * sum(lengths.values())
+    progress = for_stream(err, sys.stderr, pods, runs)
+    try:
         summaries = run_matrix(
             source, workloads, policies, seeds, inflation=args.inflation, jobs=args.jobs or None,
-            gpu_choice=args.gpu_choice,
-            on_done=lambda r: progress.update(
-                task, advance=1, description=f"{r.workload}/{r.policy}/{r.seed}"
-            ),
+            gpu_choice=args.gpu_choice, on_done=progress.finished, on_pods=progress.pods,
         )
+    finally:
+        progress.close()
     if args.json:
         print(report.to_json(summaries))
     else:
         report.table(summaries, Console())
+        if args.trace is None and not args.policy and not args.seeds:
+            print(f"A quick look: {len(policies)} policies × seeds {default_seeds} on the "
+                  "generated cluster. The paper's comparison: --trace DIR (its six policies and "
+                  f"strand, seeds {PAPER_SEEDS}); docs/simulator.md.")
     if args.plot:
         report.plot(summaries, args.plot)
         err.print(f"plot written to {args.plot}")

@@ -1,9 +1,10 @@
 """The few Kubernetes API calls the extender makes, on lightkube's async HTTP client.
 
-lightkube loads the configuration (in-cluster service account, ``--kubeconfig`` or
-``$KUBECONFIG``) and gives a configured async HTTP client; requests are plain JSON so that
-objects stay dicts (what the core reads), the binding can be a raw POST (the API server answers
-it with a ``Status``), and watches can be resumed exactly (``410 Gone`` → relist).
+lightkube loads the configuration (``--kubeconfig``, ``$KUBECONFIG``, ``~/.kube/config`` or
+the in-cluster service account, in that order) and gives a configured async HTTP client;
+requests are plain JSON so that objects stay dicts (what the core reads), the binding can be
+a raw POST (the API server answers it with a ``Status``), and watches can be resumed exactly
+(``410 Gone`` → relist).
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ class KubeApi:
 
     @classmethod
     def from_config(cls, kubeconfig: str | None = None) -> KubeApi:
-        """In-cluster when running in a pod, else ``kubeconfig`` or ``$KUBECONFIG``."""
+        """From ``kubeconfig``, else ``$KUBECONFIG``, else ``~/.kube/config``, else
+        in-cluster (:data:`sharegpu.kubeconfig.ORDER`)."""
         import ssl
 
         from .. import kubeconfig as kc

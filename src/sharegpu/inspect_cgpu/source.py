@@ -193,7 +193,7 @@ def load_live(kubeconfig: str | None = None, *, timeout: float = 20.0,
     """Nodes and pods from the cluster (pods of every namespace); ``context`` picks a context
     of the kubeconfig other than its current one."""
     try:
-        from lightkube import ApiError, AsyncClient, ConfigError, KubeConfig
+        from lightkube import ApiError, AsyncClient, ConfigError
         from lightkube.core.generic_client import httpx
         from lightkube.resources.core_v1 import Node, Pod
     except ImportError as e:  # pragma: no cover - lightkube is a dependency
@@ -204,7 +204,7 @@ def load_live(kubeconfig: str | None = None, *, timeout: float = 20.0,
 
     path = kubeconfig_path(kubeconfig)
     try:
-        config = kc.load(path, context) if path else KubeConfig.from_service_account()
+        config = kc.load(path, context)
     except ValidationError as e:
         raise SourceError(f"{e}; set KUBECONFIG to a working kubeconfig or use --file DUMP"
                           ) from None

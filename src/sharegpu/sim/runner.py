@@ -1,20 +1,26 @@
-"""Runs the (workload × policy × seed) matrix, in parallel processes, and aggregates it."""
+"""Runs the (workload × policy × seed) matrix, in parallel processes, and aggregates it.
+
+Progress is counted in pods decided, across every run, so that it moves within seconds even
+when one run takes minutes: the workers add to one shared counter, which the parent reads.
+"""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import statistics
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import ValidationError
-from ..state import NodeSpec
+from ..state import ClusterState, NodeSpec
 from . import generate
 from .engine import RunResult, run_one
-from .trace import NODE_FILE, TracePod, read_nodes, read_pods, workload_path
-from .workload import target_workload
+from .trace import NODE_FILE, TracePod, list_workloads, read_nodes, read_pods, workload_path
+from .workload import stream, target_workload
 
 
 @dataclass(frozen=True)
@@ -37,7 +43,13 @@ class Source:
                     f"without --trace the only workload is {generate.WORKLOAD_NAME!r}",
                 )
             return generate.pods(self.gen_seed)
-        return read_pods(workload_path(self.trace_dir, workload))
+        path = workload_path(self.trace_dir, workload)
+        if not path.is_file():
+            there = ", ".join(list_workloads(self.trace_dir)) or "none"
+            raise ValidationError(
+                "--workload", workload,
+                f"{self.trace_dir} has no {path.name}; its workloads: {there}")
+        return read_pods(path)
 
 
 _CACHE: dict[tuple[Source, str], tuple[list[NodeSpec], list[TracePod]]] = {}
@@ -50,13 +62,55 @@ def _load(source: Source, workload: str) -> tuple[list[NodeSpec], list[TracePod]
     return _CACHE[key]
 
 
+PodsDone = Callable[[int], None]
+"""Called with the number of pods a run has decided since its last call."""
+
+_SHARED: Any = None  # in a worker process: the parent's counter of pods decided
+
+
+def _share(counter: Any) -> None:
+    global _SHARED
+    _SHARED = counter
+
+
+def _add_to_shared(n: int) -> None:
+    with _SHARED.get_lock():
+        _SHARED.value += n
+
+
 def _task(
     source: Source, workload: str, policy: str, seed: int, inflation: float,
-    gpu_choice: str = "policy",
+    gpu_choice: str = "policy", on_pods: PodsDone | None = None,
 ) -> RunResult:
     nodes, pods = _load(source, workload)
-    return run_one(nodes, pods, policy, seed, workload, target_workload(pods), inflation,
-                   gpu_choice=gpu_choice)
+    if on_pods is None and _SHARED is not None:
+        on_pods = _add_to_shared
+    reported = 0
+
+    def progress(i: int) -> None:
+        nonlocal reported
+        if on_pods is not None and i > reported:
+            on_pods(i - reported)
+            reported = i
+
+    r = run_one(nodes, pods, policy, seed, workload, target_workload(pods), inflation,
+                on_progress=progress, gpu_choice=gpu_choice)
+    progress(r.pods)
+    return r
+
+
+def stream_lengths(
+    source: Source, workloads: Sequence[str], seeds: Sequence[int], inflation: float
+) -> dict[tuple[str, int], int]:
+    """Pods in each (workload, seed)'s stream: what every policy's run of it decides."""
+    out = {}
+    for w in workloads:
+        nodes, pods = _load(source, w)
+        state = ClusterState(nodes)
+        capacity = int(state.gpu_count[: state.n].sum())
+        for s in seeds:
+            out[(w, s)] = len(stream(pods, capacity, s, inflation))
+    return out
 
 
 @dataclass
@@ -117,29 +171,57 @@ def run_matrix(
     jobs: int | None = None,
     on_done: Callable[[RunResult], None] | None = None,
     gpu_choice: str = "policy",
+    on_pods: Callable[[int], None] | None = None,
+    poll_s: float = 0.25,
 ) -> list[Summary]:
     """``gpu_choice``: ``policy`` (the policy's own GPUs inside the node) or ``allocator``
-    (kube-scheduler's DRA allocator's: the first that fit, in device order)."""
+    (kube-scheduler's DRA allocator's: the first that fit, in device order). ``on_done`` gets
+    each finished run; ``on_pods`` the number of pods decided so far over all runs (every
+    ``poll_s`` seconds with worker processes, every few hundred pods without)."""
     for w in workloads:  # fail early, with a clear message, on a missing workload
         _load(source, w)
-    tasks = [(w, p, s) for w in workloads for p in policies for s in seeds]
+    # seed by seed, every policy of a seed together: the pace of the first runs is the pace
+    # of the whole, so the time left estimated from it holds
+    tasks = [(w, p, s) for w in workloads for s in seeds for p in policies]
     results: dict[tuple[str, str, int], RunResult] = {}
     jobs = jobs or min(len(tasks), os.cpu_count() or 1)
     if jobs <= 1:
+        done = 0
+
+        def count(n: int) -> None:
+            nonlocal done
+            done += n
+            if on_pods:
+                on_pods(done)
+
         for w, p, s in tasks:
-            r = _task(source, w, p, s, inflation, gpu_choice)
+            r = _task(source, w, p, s, inflation, gpu_choice, count)
             results[(w, p, s)] = r
             if on_done:
                 on_done(r)
     else:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futs = {pool.submit(_task, source, w, p, s, inflation, gpu_choice): (w, p, s)
-                    for w, p, s in tasks}
-            for f in as_completed(futs):
-                r = f.result()
-                results[futs[f]] = r
-                if on_done:
-                    on_done(r)
+        counter = multiprocessing.Value("q", 0)
+        with ProcessPoolExecutor(max_workers=jobs, initializer=_share,
+                                 initargs=(counter,)) as pool:
+            futs: dict[Future[RunResult], tuple[str, str, int]] = {
+                pool.submit(_task, source, w, p, s, inflation, gpu_choice): (w, p, s)
+                for w, p, s in tasks}
+            pending = set(futs)
+            try:
+                while pending:
+                    finished, pending = wait(pending, timeout=poll_s,
+                                             return_when=FIRST_COMPLETED)
+                    if on_pods:
+                        on_pods(int(counter.value))
+                    for f in sorted(finished, key=lambda f: tasks.index(futs[f])):
+                        r = f.result()
+                        results[futs[f]] = r
+                        if on_done:
+                            on_done(r)
+            except BaseException:  # a failed run or ^C: the runs not started yet never start
+                for f in pending:
+                    f.cancel()
+                raise
     out = []
     for w in workloads:
         for p in policies:
