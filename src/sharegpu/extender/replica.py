@@ -53,7 +53,8 @@ class Replica:
                  graded_scores: bool = False, advertise_url: str = "",
                  forward_timeout: float = 8.0, http_limits: dict[str, Any] | None = None,
                  forward_tls: ssl.SSLContext | None = None, forward_server_name: str = "",
-                 start_wait: float = 5.0, dra: bool = False) -> None:
+                 start_wait: float = 5.0, bind_timeout: float = 7.0,
+                 dra: bool = False) -> None:
         self.api = api
         self.identity = identity
         self.view = ClusterView(policy, graded=graded_scores)
@@ -78,7 +79,7 @@ class Replica:
         self.forwarded = 0  # binds passed on to the leader
         self._leader_synced = not elect
         self.binder = Binder(api, lambda: self.view, self.may_bind, units=self.units,
-                             start_wait=start_wait)
+                             start_wait=start_wait, bind_timeout=bind_timeout)
         self.events = EventRecorder(api, self.metrics, host=identity)
         self.view.on_unseen = self._unseen
         self.view.on_dra_unschedulable = self._dra_unschedulable

@@ -142,15 +142,25 @@ class ExtenderApp:
         passed, failed, unres = self.view.filter(scored, args.names)
         if self.units is not None:
             passed = self.units.restrict(args.pod, passed, unres)
+        if passed and scored.wants_gpu and not self.view.graded:
+            # the score is authoritative: answer with the policy's pick alone, so that
+            # kube-scheduler skips prioritize and its own scores; held until the bind (a DRA
+            # pod's devices are kube-scheduler's to allocate: nothing held for it)
+            pick = self.view.pick(scored, passed,
+                                  hold=self.binder is not None and scored is req)
+            if pick is not None:
+                passed = [pick]
         passed_json = wire.names_json(passed) if args.nodes is None else None
         if passed and scored.wants_gpu:
             if self.binder is not None:
                 self.binder.hint(args.pod, req)
             # kube-scheduler runs its own score plugins before it asks prioritize: score the
             # passing nodes meanwhile, once this answer is on its way
-            expected = (wire.prioritize_body(request.body, passed_json)
-                        if passed_json is not None else None)
-            asyncio.get_running_loop().call_soon(self._score_ahead, scored, passed, expected)
+            if self.view.graded:
+                expected = (wire.prioritize_body(request.body, passed_json)
+                            if passed_json is not None else None)
+                asyncio.get_running_loop().call_soon(self._score_ahead, scored, passed,
+                                                     expected)
         if scored.wants_gpu and not passed:
             from .events import summarize
 
