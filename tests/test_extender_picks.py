@@ -1,0 +1,282 @@
+"""Filter answers with the policy's pick and holds it until the bind; the bind confirms it in
+one write, or gives up unwritten past its deadline."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from test_extender_http import Env, run
+
+from sharegpu import kobjects
+from sharegpu.annotations import decode
+from sharegpu.extender.bind import Binder
+from sharegpu.extender.memapi import MemoryApi
+from sharegpu.extender.metrics import Metrics
+from sharegpu.extender.picks import HeldPicks
+from sharegpu.extender.server import ExtenderApp
+from sharegpu.extender.view import ClusterView
+
+ONE_GPU = [kobjects.node(f"n{i}", [16], "cgpu") for i in range(3)]
+ONE_NAMES = [f"n{i}" for i in range(3)]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _view(graded: bool = False) -> ClusterView:
+    v = ClusterView(graded=graded)
+    v.reset(ONE_GPU, [])
+    return v
+
+
+class Picks:
+    """An ExtenderApp on one-GPU nodes with an in-memory API, driven verb by verb."""
+
+    def __init__(self, pods: list[dict[str, Any]], graded: bool = False,
+                 bind_timeout: float = 7.0) -> None:
+        self.view = _view(graded)
+        self.clock = Clock()
+        self.view.picks.clock = self.clock
+        self.api = MemoryApi(pods)
+        self.binder = Binder(self.api, lambda: self.view, bind_timeout=bind_timeout)
+        self.app = ExtenderApp(self.view, self.binder, Metrics(lambda: self.view))
+        self.server = self.app.server()
+        self.client: Any = None
+
+    async def __aenter__(self) -> Picks:
+        import aiohttp
+
+        port = await self.server.start("127.0.0.1", 0)
+        self.client = aiohttp.ClientSession(base_url=f"http://127.0.0.1:{port}")
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.client.close()
+        await self.server.close()
+
+    async def post(self, verb: str, body: Any) -> Any:
+        r = await self.client.post(f"/{verb}", json=body)
+        return await r.json()
+
+    async def filter(self, pod: dict[str, Any], names: list[str] = ONE_NAMES) -> Any:
+        """As kube-scheduler sends it: the pod as stored (with its resourceVersion)."""
+        m = pod["metadata"]
+        stored = self.api.pods.get(f"{m['namespace']}/{m['name']}", pod)
+        return await self.post("filter", {"Pod": stored, "NodeNames": names})
+
+    async def bind(self, pod: dict[str, Any], node: str) -> str:
+        m = pod["metadata"]
+        b = await self.post("bind", {"PodName": m["name"], "PodNamespace": m["namespace"],
+                                     "PodUID": m["uid"], "Node": node})
+        return str(b["Error"])
+
+
+def _go(coro: Any) -> None:
+    asyncio.run(coro)
+
+
+def test_filter_answers_the_pick_alone_and_graded_keeps_every_passing_node() -> None:
+    pod = kobjects.pod("p", mem=8)
+
+    async def body() -> None:
+        async with Picks([pod]) as env:
+            f = await env.filter(pod)
+            assert len(f["NodeNames"]) == 1 and f["FailedNodes"] == {}
+            # the pick is prioritize's 10 and is held in flight
+            assert env.view.held_pick("default/p") == f["NodeNames"][0]
+            assert "default/p" in env.view.inflight
+        async with Picks([pod], graded=True) as env:
+            f = await env.filter(pod)
+            assert f["NodeNames"] == ONE_NAMES and env.view.held_pick("default/p") is None
+
+    _go(body())
+
+
+def test_the_next_filter_sees_the_hold_and_binds_in_any_order_succeed() -> None:
+    # each pod fills a node's one GPU: without the hold both filters would pick the same node
+    pods = [kobjects.pod(f"p{i}", mem=16) for i in range(3)]
+
+    async def body() -> None:
+        async with Picks(pods) as env:
+            picks = [(await env.filter(p))["NodeNames"] for p in pods]
+            assert sorted(n for (n,) in picks) == ONE_NAMES
+            # a fourth finds nothing, with the held GPUs as the reason, as today's full nodes
+            late = kobjects.pod("late", mem=16)
+            env.api.add_pod(late)
+            f = await env.filter(late)
+            assert f["NodeNames"] == [] and set(f["FailedNodes"]) == set(ONE_NAMES)
+            for p, (node,) in reversed(list(zip(pods, picks, strict=True))):
+                assert await env.bind(p, node) == ""
+            assert env.app.metrics.latency.labels("prioritize")._sum.get() == 0
+            assert len(env.view.picks) == 0 and env.view.drift() == []
+
+    _go(body())
+
+
+def test_filtered_again_the_pod_gives_back_its_hold_first() -> None:
+    pod = kobjects.pod("p", mem=16)
+
+    async def body() -> None:
+        async with Picks([pod]) as env:
+            (first,) = (await env.filter(pod))["NodeNames"]
+            (again,) = (await env.filter(pod))["NodeNames"]
+            assert again == first  # its own hold does not push it elsewhere
+            st = env.view.state
+            taken = [n for n in ONE_NAMES if st.gpu_free[st.index[n], 0] == 0]
+            assert taken == [first]  # held once, not twice
+
+    _go(body())
+
+
+def test_hold_ends_on_timeout_delete_and_binding_elsewhere() -> None:
+    a, b, c = (kobjects.pod(n, mem=16) for n in ("a", "b", "c"))
+
+    async def body() -> None:
+        async with Picks([a, b, c]) as env:
+            (na,) = (await env.filter(a))["NodeNames"]
+            (nb,) = (await env.filter(b))["NodeNames"]
+            (nc,) = (await env.filter(c))["NodeNames"]
+            # timeout: a's pick is given up; the next filter may take its node
+            env.clock.t += env.view.picks.timeout + 1
+            late = kobjects.pod("late", mem=16)
+            f = await env.filter(late)
+            assert f["NodeNames"] == [na] and "default/a" not in env.view.inflight
+            assert "default/b" not in env.view.inflight  # b and c expired with a
+            env.clock.t = 100.0
+            (nb,) = (await env.filter(b))["NodeNames"]
+            (nc,) = (await env.filter(c))["NodeNames"]
+            assert {na, nb, nc} == set(ONE_NAMES)
+            # deleted: its GPUs are free at once
+            env.view.delete_pod(b)
+            assert "default/b" not in env.view.picks and "default/b" not in env.view.inflight
+            # bound by someone else elsewhere: the hold goes, what the pod says counts
+            elsewhere = {**c, "spec": {**c["spec"], "nodeName": nb}}
+            env.view.upsert_pod(elsewhere)
+            assert "default/c" not in env.view.picks and "default/c" not in env.view.inflight
+
+    _go(body())
+
+
+def test_bind_to_another_node_than_held_moves_the_reservation() -> None:
+    pod = kobjects.pod("p", mem=8)
+
+    async def body() -> None:
+        async with Picks([pod]) as env:
+            (held,) = (await env.filter(pod))["NodeNames"]
+            other = next(n for n in ONE_NAMES if n != held)
+            assert await env.bind(pod, other) == ""
+            assert env.view.state.pods["default/p"].node == other
+            assert env.view.drift() == [] and len(env.view.picks) == 0
+
+    _go(body())
+
+
+def test_one_write_carries_the_annotations_with_the_binding() -> None:
+    pod = kobjects.pod("p", mem=8)
+
+    async def body() -> None:
+        async with Picks([pod]) as env:
+            patched: list[Any] = []
+            real = env.api.patch_pod_annotations
+
+            async def spy(*a: Any, **kw: Any) -> Any:
+                patched.append(a)
+                return await real(*a, **kw)
+
+            env.api.patch_pod_annotations = spy  # type: ignore[method-assign]
+            (node,) = (await env.filter(pod))["NodeNames"]
+            assert await env.bind(pod, node) == ""
+            stored = env.api.pods["default/p"]
+            assert stored["spec"]["nodeName"] == node
+            assert decode(stored["metadata"]["annotations"]) is not None
+            assert patched == [] and env.binder.writes == 1 and env.binder.reads == 0
+
+    _go(body())
+
+
+def test_stale_resource_version_is_refused_then_read_afresh() -> None:
+    pod = kobjects.pod("p", mem=8)
+
+    async def body() -> None:
+        async with Picks([pod]) as env:
+            (node,) = (await env.filter(pod))["NodeNames"]
+            # the pod changed after filter saw it (a label, say): the hinted binding is refused
+            # (409), the pod read again and bound with its new resourceVersion
+            env.api.pods["default/p"]["metadata"]["resourceVersion"] = "777"
+            assert await env.bind(pod, node) == ""
+            assert env.binder.writes == 2 and env.binder.reads == 1
+            assert env.api.pods["default/p"]["spec"]["nodeName"] == node
+
+    _go(body())
+
+
+def test_a_bind_past_its_deadline_never_binds_later() -> None:
+    pod = kobjects.pod("p", mem=8)
+
+    async def body() -> None:
+        async with Picks([pod], bind_timeout=0.3) as env:
+            real = env.api.bind
+
+            async def slow(*a: Any, **kw: Any) -> Any:
+                await asyncio.sleep(1.0)
+                return await real(*a, **kw)
+
+            env.api.bind = slow  # type: ignore[method-assign]
+            (node,) = (await env.filter(pod))["NodeNames"]
+            err = await env.bind(pod, node)
+            assert "0.3 s" in err
+            await asyncio.sleep(1.2)  # long after: still not bound, nothing held
+            assert not env.api.pods["default/p"]["spec"].get("nodeName")
+            assert "default/p" not in env.view.inflight and env.api.bindings == []
+
+    _go(body())
+
+
+def test_a_bind_waiting_behind_the_node_lock_gives_up_at_its_deadline() -> None:
+    a, b = kobjects.pod("a", mem=4), kobjects.pod("b", mem=4)
+
+    async def body() -> None:
+        async with Picks([a, b], bind_timeout=0.3) as env:
+            lock = env.binder.locks["n0"]
+            await lock.acquire()  # a bind to n0 that takes long
+            err = await env.bind(b, "n0")
+            assert "longer than 0.3 s" in err
+            lock.release()
+            assert await env.bind(a, "n0") == ""
+            assert not env.api.pods["default/b"]["spec"].get("nodeName")
+
+    _go(body())
+
+
+def test_held_picks_expire_in_order_and_refuse_a_bad_timeout() -> None:
+    clock = Clock()
+    h = HeldPicks(5.0, clock)
+    h.hold("a", "n1")
+    clock.t += 1
+    h.hold("b", "n2")
+    clock.t += 1
+    h.hold("a", "n3")  # held again: a new deadline
+    clock.t += 4.5
+    assert h.expired() == ["b"] and h.node("a") == "n3" and h.expired_total == 1
+    assert h.take("a") == "n3" and h.take("a") is None and len(h) == 0
+    try:
+        HeldPicks(0)
+    except ValueError as e:
+        assert "timeout" in str(e)
+    else:
+        raise AssertionError("a zero timeout was accepted")
+
+
+def test_http_env_still_places_with_one_node_answers() -> None:
+    pods = [kobjects.pod("q", mem=6)]
+
+    async def body(env: Env) -> None:
+        assert await env.schedule(pods[0]) == ("a", "")
+
+    run(pods, body)
