@@ -280,3 +280,33 @@ def test_http_env_still_places_with_one_node_answers() -> None:
         assert await env.schedule(pods[0]) == ("a", "")
 
     run(pods, body)
+
+
+def test_fake_api_server_binds_like_the_real_one() -> None:
+    """kube-apiserver's Binding (tests/e2e/test_binding_metadata_real.py shows it on the real
+    one): uid and resourceVersion preconditions refused with 409 and nothing changed, then
+    ``nodeName`` and the annotations in one update; the unit tests rely on the same."""
+    from sharegpu_testing.resources import POD
+    from sharegpu_testing.status import StatusError
+    from sharegpu_testing.store import Store
+
+    s = Store()
+    pod = s.create(POD, "ns", kobjects.pod("p", namespace="ns", mem=4))
+    rv, uid = pod["metadata"]["resourceVersion"], pod["metadata"]["uid"]
+    anns = {"ALIYUN_COM_GPU_MEM_IDX": "0", "ALIYUN_COM_GPU_MEM_POD": "4"}
+    for bad in ({"uid": uid, "resourceVersion": str(int(rv) - 1)},
+                {"uid": "other", "resourceVersion": rv}):
+        try:
+            s.bind("ns", "p", {"metadata": {"name": "p", **bad, "annotations": anns},
+                               "target": {"kind": "Node", "name": "n"}})
+        except StatusError as e:
+            assert e.code == 409, e
+        else:
+            raise AssertionError("the fake API server accepted a failed precondition")
+    cur = s.get(POD, "ns", "p")
+    assert not cur["spec"].get("nodeName") and cur["metadata"]["resourceVersion"] == rv
+    out = s.bind("ns", "p", {"metadata": {"name": "p", "uid": uid, "resourceVersion": rv,
+                                          "annotations": anns},
+                             "target": {"kind": "Node", "name": "n"}})
+    assert out["spec"]["nodeName"] == "n"
+    assert {k: out["metadata"]["annotations"][k] for k in anns} == anns
