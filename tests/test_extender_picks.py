@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from test_extender_http import Env, run
-
 from sharegpu import kobjects
 from sharegpu.annotations import decode
 from sharegpu.extender.bind import Binder
@@ -16,6 +14,7 @@ from sharegpu.extender.metrics import Metrics
 from sharegpu.extender.picks import HeldPicks
 from sharegpu.extender.server import ExtenderApp
 from sharegpu.extender.view import ClusterView
+from test_extender_http import Env, run
 
 ONE_GPU = [kobjects.node(f"n{i}", [16], "cgpu") for i in range(3)]
 ONE_NAMES = [f"n{i}" for i in range(3)]
