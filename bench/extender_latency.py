@@ -2,16 +2,16 @@
 
     python bench/extender_latency.py --nodes 5000 --json
 
-A server process runs the extender's HTTP service (the same ExtenderApp as ``sharegpu
-extender``) over a ClusterView of ``--nodes`` nodes × 8 GPUs in mixed modes; its binder writes
-to an in-memory API (so the figures are the extender's own cost, not an API server's). A driver
-plays kube-scheduler: for each pod one filter, then one prioritize when more than one node
-passed (serially, as kube-scheduler's scheduling cycle), then a bind in the background (up to
-``--inflight`` binds at once, as its binding cycles). Pods carry a resourceVersion as
-kube-scheduler's cache has them, so bind uses the filter's copy (no read back). Latencies are
-measured at the driver, HTTP and JSON included; the extender's own handler time per verb is read from its /metrics. The kubelet's part
-is played too: ``--kubelet-ms`` after each binding the pod is marked assigned and the extender's
-view sees it, as its watch would (the starting-pods rule waits for it).
+A server process runs the extender's HTTP service (the same ExtenderApp as ``sharegpu extender``)
+over a ClusterView of ``--nodes`` nodes × 8 GPUs in mixed modes; its binder writes to an in-memory
+API (so the figures are the extender's own cost, not an API server's). A driver plays kube-
+scheduler: for each pod one filter, then one prioritize when more than one node passed (serially, as
+kube-scheduler's scheduling cycle), then a bind in the background (up to ``--inflight`` binds at
+once, as its binding cycles). Pods carry a resourceVersion as kube-scheduler's cache has them, so
+bind uses the filter's copy (no read back). Latencies are measured at the driver, HTTP and JSON
+included; the extender's own handler time per verb is read from its /metrics. The kubelet's part is
+played too: ``--kubelet-ms`` after each binding the pod is marked assigned and the extender's view
+sees it, as its watch would (the starting-pods rule waits for it).
 
 ``--burst N --kubelet-ms 200``: only N pods of one shape at once, kubelets admitting each pod
 200 ms after its binding, bind failures placed again after 1 s: the time until all are bound.
