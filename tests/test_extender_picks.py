@@ -309,3 +309,74 @@ def test_fake_api_server_binds_like_the_real_one() -> None:
                              "target": {"kind": "Node", "name": "n"}})
     assert out["spec"]["nodeName"] == "n"
     assert {k: out["metadata"]["annotations"][k] for k in anns} == anns
+
+
+def _raw_filter(env: Picks, pod: dict[str, Any], names_json: bytes) -> Any:
+    """kube-scheduler's own encoding: the Pod, Nodes null, NodeNames last."""
+    import json
+
+    return b'{"Pod":' + json.dumps(pod).encode() + b',"Nodes":null,"NodeNames":' + names_json \
+        + b"}"
+
+
+def test_a_pod_without_gpus_is_answered_with_the_names_as_sent() -> None:
+    import json
+
+    from sharegpu.extender import wire
+
+    plain = kobjects.pod("web", containers=[{}], cpu="1", memory="1Gi")
+    names_json = b'["n0","n1","n2","not-a-gpu-node"]'
+
+    async def body() -> None:
+        async with Picks([plain]) as env:
+            stored = env.api.pods["default/web"]
+            r = await env.client.post("/filter", data=_raw_filter(env, stored, names_json))
+            raw = await r.read()
+            assert raw == wire.pass_all_json(names_json)
+            assert json.loads(raw)["NodeNames"] == json.loads(names_json)
+            # its bind needs no read back: one write
+            assert await env.bind(plain, "not-a-gpu-node") == ""
+            assert env.binder.reads == 0 and env.binder.writes == 1
+            assert env.app.metrics.latency.labels("prioritize")._sum.get() == 0
+
+    _go(body())
+    # not kube-scheduler's form, a GPU pod, a pod with claims: the full answer
+    assert wire.split_names(b'{"NodeNames":["a"],"Pod":{}}') is None
+    assert wire.split_names(b'{"Pod":{},"NodeNames":[{"x":1}]}') is None
+    assert wire.split_names(b'{"Pod":{"a":1},"Nodes":null,"NodeNames":["a"]}') == (
+        b'{"Pod":{"a":1},"Nodes":null}', b'["a"]')
+
+
+def test_pods_a_resource_policy_selects_still_get_their_unit() -> None:
+    from sharegpu import resourcepolicy as rp
+    from sharegpu.extender.resourcepolicies import ResourcePolicies
+
+    web = kobjects.pod("web", containers=[{}], cpu="1", memory="1Gi")
+    web["metadata"]["labels"] = {"app": "web"}
+    db = kobjects.pod("db", containers=[{}], cpu="1", memory="1Gi")
+    db["metadata"]["labels"] = {"app": "db"}
+    policy = {"apiVersion": rp.API_VERSION, "kind": "ResourcePolicy",
+              "metadata": {"name": "web", "namespace": "default",
+                           "creationTimestamp": "2026-01-01T00:00:00Z"},
+              "spec": {"selector": {"app": "web"},
+                       "units": [{"nodeSelector": {"pool": "b"}}]}}
+    nodes = [{"metadata": {"name": n, "labels": {"pool": "b" if n == "n1" else "a"}}}
+             for n in ONE_NAMES]
+
+    async def body() -> None:
+        async with Picks([web, db]) as env:
+            units = ResourcePolicies()
+            units.set_policies([policy])
+            units.reset(nodes, [])
+            env.app.units = units
+            names_json = b'["n0","n1","n2"]'
+            r = await env.client.post("/filter", data=_raw_filter(
+                env, env.api.pods["default/web"], names_json))
+            got = await r.json()
+            assert got["NodeNames"] == ["n1"] and set(got["FailedAndUnresolvableNodes"]) == {
+                "n0", "n2"}
+            r = await env.client.post("/filter", data=_raw_filter(
+                env, env.api.pods["default/db"], names_json))
+            assert (await r.json())["NodeNames"] == ["n0", "n1", "n2"]
+
+    _go(body())

@@ -122,6 +122,9 @@ class ExtenderApp:
 
     # -- verbs ---------------
     def filter(self, request: Request) -> Response:
+        quick = self._nothing_applies(request.body)
+        if quick is not None:
+            return quick
         try:
             args = wire.parse_args(self._body(request))
         except ValidationError as e:
@@ -170,6 +173,40 @@ class ExtenderApp:
         else:
             self.metrics.decided("filter", "ok")
         return Response(200, wire.filter_result_json(args, passed, failed, unres, passed_json))
+
+    def _nothing_applies(self, body: bytes) -> Response | None:
+        """The answer for a pod nothing of sharegpu applies to (no GPU, no ResourceClaim, no
+        ResourcePolicy selecting it: kube-scheduler sends every pod when the extender lists no
+        ``managedResources``): every node passes, answered with the names as sent, without
+        decoding them. None for any other pod (or a body not in kube-scheduler's form)."""
+        parts = wire.split_names(body)
+        if parts is None or not self.is_synced():
+            return None
+        try:
+            args = json.loads(parts[0])
+        except (ValueError, RecursionError):
+            return None
+        pod = args.get("Pod") if isinstance(args, dict) else None
+        if not isinstance(pod, dict) or args.get("Nodes") is not None:
+            return None
+        spec, meta = pod.get("spec"), pod.get("metadata")
+        if not isinstance(spec, dict) or not isinstance(meta, dict) or spec.get("resourceClaims"):
+            return None
+        try:
+            req = self.view.reader.request(pod)
+        except ValidationError:
+            return None
+        if req.wants_gpu:
+            return None
+        if self.units is not None:
+            labels = meta.get("labels") or {}
+            if not isinstance(labels, dict) or self.units.policy_for(
+                    str(meta.get("namespace") or "default"), labels) is not None:
+                return None
+        if self.binder is not None:
+            self.binder.hint(pod, req)  # its bind needs no read back
+        self.metrics.decided("filter", "ok")
+        return Response(200, wire.pass_all_json(parts[1]))
 
     def prioritize(self, request: Request) -> Response:
         ahead = self._ahead

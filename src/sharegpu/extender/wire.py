@@ -190,6 +190,25 @@ def prioritize_body(filter_body: bytes, passed_json: bytes) -> bytes | None:
     return filter_body[: i + len(_NAMES_KEY)] + passed_json + b"}"
 
 
+def split_names(body: bytes) -> tuple[bytes, bytes] | None:
+    """A filter request in kube-scheduler's form (``ExtenderArgs`` with ``NodeNames`` last) cut
+    in two: the JSON object without its names, and the names' JSON array as sent (not
+    decoded); ``None`` when the body is not in that form."""
+    i = body.rfind(_NAMES_KEY)
+    if i < 1 or body[i - 1 : i] != b"," or not body.endswith(b"]}"):
+        return None
+    names = body[i + len(_NAMES_KEY) : -1]
+    if not names.startswith(b"[") or b"{" in names:
+        return None
+    return body[: i - 1] + b"}", names
+
+
+def pass_all_json(names: bytes) -> bytes:
+    """The filter answer passing every node of ``names`` (the JSON array as sent), no reason."""
+    return (b'{"Nodes":null,"NodeNames":' + names
+            + b',"FailedNodes":{},"FailedAndUnresolvableNodes":{},"Error":""}')
+
+
 def _dumps(data: Any) -> bytes:
     return json.dumps(data, separators=(",", ":")).encode()
 
