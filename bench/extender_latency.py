@@ -179,8 +179,17 @@ def play_kubelet(api: Any, view: Any, delay: float) -> None:
     api.bind = bind
 
 
+def web_policy() -> dict[str, Any]:
+    """A ResourcePolicy selecting the pods labelled app=web in namespace default."""
+    return {"apiVersion": "scheduling.sharegpu.io/v1alpha1", "kind": "ResourcePolicy",
+            "metadata": {"name": "web", "namespace": "default",
+                         "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"selector": {"app": "web"}, "units": [{"nodeSelector": {"pool": "a"}}]}}
+
+
 def serve(n_nodes: int, n_pods: int, q: Any, graded: bool = False, others: int = 0,
-          kubelet_s: float = 0.0, work: list[dict[str, Any]] | None = None) -> None:
+          kubelet_s: float = 0.0, work: list[dict[str, Any]] | None = None,
+          policy: bool = False) -> None:
     from sharegpu.extender.bind import Binder
     from sharegpu.extender.memapi import MemoryApi
     from sharegpu.extender.metrics import Metrics
@@ -195,7 +204,14 @@ def serve(n_nodes: int, n_pods: int, q: Any, graded: bool = False, others: int =
                         (p for _, p in pods(n_pods, host="template" if others else "")))
         play_kubelet(api, view, kubelet_s)
         metrics = Metrics(lambda: view)
-        app = ExtenderApp(view, Binder(api, lambda: view), metrics)
+        units = None
+        if policy:
+            from sharegpu.extender.resourcepolicies import ResourcePolicies
+
+            units = ResourcePolicies()
+            units.set_policies([web_policy()])
+            units.reset(nodes, [])
+        app = ExtenderApp(view, Binder(api, lambda: view, units=units), metrics, units=units)
         q.put(await app.server().start("127.0.0.1", 0))
         await asyncio.Event().wait()
 
@@ -576,6 +592,78 @@ def burst(n_nodes: int, n_pods: int, kubelet_s: float, inflight: int,
             **out}
 
 
+async def drive_plain(port: int, work: list[dict[str, Any]], names_: list[str],
+                      server_pid: int | None) -> dict[str, Any]:
+    """Pods without GPUs, one after the other: filter (with ``names_``) then bind; the
+    extender's handler time per verb (its /metrics) and its CPU per pod."""
+    conn = await Http.open(port)
+    names_json = json.dumps(names_, separators=(",", ":")).encode()
+
+    async def handler() -> dict[str, tuple[float, float]]:
+        _, body = await conn.request("GET", "/metrics")
+        out: dict[str, list[float]] = {}
+        for line in body.decode().splitlines():
+            for part, i in (("_sum{", 0), ("_count{", 1)):
+                if line.startswith("sharegpu_extender_request_seconds" + part):
+                    verb = line.split('verb="')[1].split('"')[0]
+                    out.setdefault(verb, [0.0, 0.0])[i] = float(line.rsplit(" ", 1)[1])
+        return {v: (x[0], x[1]) for v, x in out.items()}
+
+    warm = len(work) // 5
+    errors = 0
+    for n, pod in enumerate(work):
+        if n == warm:
+            before, cpu0, t0 = await handler(), cpu_seconds(server_pid), time.perf_counter()
+        _, raw = await conn.request("POST", "/filter", b'{"Pod":' + json.dumps(
+            pod, separators=(",", ":")).encode() + b',"Nodes":null,"NodeNames":' + names_json
+            + b"}")
+        passed = json.loads(raw).get("NodeNames") or []
+        m = pod["metadata"]
+        _, raw = await conn.request("POST", "/bind", json.dumps(
+            {"PodName": m["name"], "PodNamespace": m["namespace"], "PodUID": m["uid"],
+             "Node": passed[0] if passed else names_[0]}).encode())
+        errors += bool(json.loads(raw).get("Error"))
+    wall, cpu1, after = time.perf_counter() - t0, cpu_seconds(server_pid), await handler()
+    await conn.close()
+    k = len(work) - warm
+    return {"pods": k, "names_per_filter": len(names_), "bind_errors": errors,
+            "handler_ms": {v: round(1000 * (after[v][0] - before[v][0])
+                                    / max(after[v][1] - before[v][1], 1), 3)
+                           for v in ("filter", "bind") if v in after and v in before},
+            "extender_cpu_ms_per_pod": (round(1000 * (cpu1 - cpu0) / k, 3)
+                                        if cpu0 is not None and cpu1 is not None else None),
+            "wall_ms_per_pod": round(1000 * wall / k, 3)}
+
+
+def plain_pods(n_nodes: int, n_pods: int, policy: bool) -> dict[str, Any]:
+    """What a pod without GPUs pays (kube-scheduler sends every pod to the extender when it
+    lists no managedResources): ``n_pods`` pods labelled app=db, filtered with 10 %
+    of the node names as kube-scheduler sends them, then bound; ``policy``: a ResourcePolicy
+    (selecting app=web, not these pods) installed."""
+    work = []
+    for i in range(n_pods):
+        p = kobjects.pod(f"plain-{i:05d}", containers=[{}], cpu="100m", memory="128Mi",
+                         uid=f"uid-plain-{i}")
+        p["metadata"]["labels"] = {"app": "db"}
+        p["metadata"]["resourceVersion"] = str(i + 1)
+        work.append(p)
+    nodes = cluster(n_nodes)
+    rng = random.Random(4)
+    cand = rng.sample([n["metadata"]["name"] for n in nodes], max(100, n_nodes // 10))
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    proc = ctx.Process(target=serve, args=(n_nodes, 0, q, False, 0, 0.0, work, policy),
+                       daemon=True)
+    proc.start()
+    try:
+        port = q.get(timeout=600)
+        out = asyncio.run(drive_plain(port, work, cand, proc.pid))
+    finally:
+        proc.terminate()
+        proc.join()
+    return {"nodes": n_nodes, "resource_policy_installed": policy, **out}
+
+
 def run_scenario(n_nodes: int, n_pods: int, mode: str, inflight: int,
                  warmup: int, graded: bool = False, others: int = 0,
                  kubelet_s: float = 0.0) -> dict[str, Any]:
@@ -702,7 +790,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="only the burst: this many pods of one shape at once, kubelets "
                         "admitting --kubelet-ms after each binding; time to all bound")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--plain", type=int, default=0,
+                   help="only pods without GPUs: this many, filtered and bound one by one, "
+                        "without and with a ResourcePolicy installed")
     a = p.parse_args(argv)
+    if a.plain:
+        print(json.dumps([plain_pods(a.nodes, a.plain, policy) for policy in (False, True)],
+                         indent=2))
+        return 0
     if a.burst:
         out = burst(a.nodes, a.burst, a.kubelet_ms / 1000, a.inflight)
         print(json.dumps(out, indent=2))
