@@ -181,7 +181,9 @@ def play_kubelet(api: Any, view: Any, delay: float) -> None:
 
 def web_policy() -> dict[str, Any]:
     """A ResourcePolicy selecting the pods labelled app=web in namespace default."""
-    return {"apiVersion": "scheduling.sharegpu.io/v1alpha1", "kind": "ResourcePolicy",
+    from sharegpu.resourcepolicy import API_VERSION
+
+    return {"apiVersion": API_VERSION, "kind": "ResourcePolicy",
             "metadata": {"name": "web", "namespace": "default",
                          "creationTimestamp": "2026-01-01T00:00:00Z"},
             "spec": {"selector": {"app": "web"}, "units": [{"nodeSelector": {"pool": "a"}}]}}
@@ -211,6 +213,7 @@ def serve(n_nodes: int, n_pods: int, q: Any, graded: bool = False, others: int =
             units = ResourcePolicies()
             units.set_policies([web_policy()])
             units.reset(nodes, [])
+            assert units.policies and not units.problems, units.problems
         app = ExtenderApp(view, Binder(api, lambda: view, units=units), metrics, units=units)
         q.put(await app.server().start("127.0.0.1", 0))
         await asyncio.Event().wait()
