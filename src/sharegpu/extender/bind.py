@@ -152,7 +152,11 @@ class Binder:
             return await self._bind_plain(args, req, uid, rv, path, deadline)
         lock = self.locks[args.node]
         try:
-            await asyncio.wait_for(lock.acquire(), _left(deadline))
+            if lock.locked():
+                async with asyncio.timeout(_left(deadline)):
+                    await lock.acquire()
+            else:
+                await lock.acquire()
         except TimeoutError:
             self.view().release_inflight(req.key)  # a pick filter held: the retry picks again
             raise BindError("timeout", f"{args.key}: binds to {args.node} ahead of it took "
@@ -212,9 +216,9 @@ class Binder:
             raise BindError("timeout", f"{args.key}: not bound within {self.bind_timeout:g} s")
         self.writes += 1
         try:
-            await asyncio.wait_for(
-                self.api.bind(args.pod_namespace, args.pod_name, uid, args.node,
-                              annotations=annotations, resource_version=rv), left)
+            async with asyncio.timeout(left):
+                await self.api.bind(args.pod_namespace, args.pod_name, uid, args.node,
+                                    annotations=annotations, resource_version=rv)
         except TimeoutError:
             raise BindError("timeout", f"{args.key}: the binding was not answered within "
                             f"{self.bind_timeout:g} s") from None
