@@ -237,7 +237,8 @@ async def _caught_up(replica: Replica, fake: FakeApiServer) -> None:
 async def _schedule(s: aiohttp.ClientSession, url: str, fake: FakeApiServer,
                     pod: dict[str, Any], node_names_: list[str]) -> str | None:
     """kube-scheduler's scheduling and binding cycles for one GPU pod: filter, prioritize
-    when more than one node passed (the best total score), bind. The node, or None when no node passed."""
+    when more than one node passed (the best total score), bind. The node, or None when no
+    node passed."""
     stored = fake.create(pod)
     async with s.post(f"{url}/filter", json={"Pod": stored, "NodeNames": node_names_}) as r:
         f = await r.json()
