@@ -232,7 +232,8 @@ class Bench:
     def __init__(self, cp: ControlPlane, admin: Client, a: argparse.Namespace) -> None:
         self.cp, self.admin, self.a = cp, admin, a
         self.ns = make_namespace(admin, "sharegpu")  # the release's namespace
-        self.docs = render_chart(RELEASE, self.ns)
+        values = {"placement.policy": a.policy} if a.policy else None
+        self.docs = render_chart(RELEASE, self.ns, values)
         self.rbac = ChartRbac(admin, self.docs, RELEASE)
         ext_sa = self.rbac.apply("extender")
         self.rbac.apply("scheduler")
@@ -240,7 +241,7 @@ class Bench:
         wait_allowed("the extender to list pods", lambda: list(ext.list(Pod, namespace="*")))
         self.ext_port = free_port()
         self.sched_args = ["--leader-elect=true", chart_scheduler_verbosity(self.docs)]
-        self.docs_before = (render_chart(RELEASE, self.ns,
+        self.docs_before = (render_chart(RELEASE, self.ns, values,
                                          chart=Path(a.before_src) / "charts" / "sharegpu")
                             if a.before_src else [])
 
@@ -631,6 +632,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="set kube-scheduler's clientConnection qps (and burst) in both arms; "
                         "default: the chart's configuration, i.e. kube-scheduler's defaults "
                         "(qps 50, burst 100)")
+    p.add_argument("--policy", default="",
+                   help="the chart's placement.policy for the extender (default: the chart's)")
     p.add_argument("--before-src", type=Path,
                    help="a checkout of another sharegpu (e.g. `git worktree add ../before "
                         "main`): a third arm, ``before``, runs its extender with its chart")
