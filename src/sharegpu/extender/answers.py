@@ -220,7 +220,11 @@ class SchedulingAnswers:
         so the next pod's filter sees them taken."""
         if not names:
             return None
-        slots = self.slots(names)
+        p_names, p_slots, p_version = self._passed
+        if names is p_names and p_version == self._nodes_version:
+            slots = p_slots  # the filter's own answer: its slots are known
+        else:
+            slots = self.slots(names)
         best = self._best(req, slots)
         if best is None:
             return None
