@@ -380,3 +380,20 @@ def test_pods_a_resource_policy_selects_still_get_their_unit() -> None:
             assert (await r.json())["NodeNames"] == ["n0", "n1", "n2"]
 
     _go(body())
+
+
+def test_metrics_show_the_held_and_the_expired_picks() -> None:
+    pod = kobjects.pod("p", mem=8)
+
+    async def body() -> None:
+        async with Picks([pod]) as env:
+            await env.filter(pod)
+            text = env.app.metrics.render().decode()
+            assert "sharegpu_extender_held_picks 1.0" in text
+            env.clock.t += env.view.picks.timeout + 1
+            env.view.expire_picks()
+            text = env.app.metrics.render().decode()
+            assert "sharegpu_extender_held_picks 0.0" in text
+            assert "sharegpu_extender_expired_picks 1.0" in text
+
+    _go(body())
