@@ -397,3 +397,41 @@ def test_metrics_show_the_held_and_the_expired_picks() -> None:
             assert "sharegpu_extender_expired_picks 1.0" in text
 
     _go(body())
+
+
+def test_a_replica_that_may_not_bind_answers_the_pick_without_holding() -> None:
+    pod = kobjects.pod("p", mem=16)
+
+    async def body() -> None:
+        async with Picks([pod]) as env:
+            env.view.picks.may_hold = lambda: False  # a follower
+            f = await env.filter(pod)
+            assert len(f["NodeNames"]) == 1 and not env.view.inflight
+            env.view.picks.may_hold = lambda: True  # it leads now
+            (node,) = (await env.filter(pod))["NodeNames"]
+            assert env.view.held_pick("default/p") == node
+            assert env.view.drop_picks() == ["default/p"] and not env.view.inflight
+
+    _go(body())
+
+
+def test_a_bound_pod_comes_before_a_pick_held_on_its_gpus() -> None:
+    from sharegpu.annotations import encode
+
+    mine, other = kobjects.pod("mine", mem=16), kobjects.pod("other", mem=16)
+
+    async def body() -> None:
+        async with Picks([mine, other]) as env:
+            (node,) = (await env.filter(mine))["NodeNames"]
+            # another replica (a leader before this one) bound a pod on the same GPU
+            from sharegpu.annotations import Allocation
+
+            bound = {**other, "spec": {**other["spec"], "nodeName": node}}
+            bound["metadata"] = {**other["metadata"], "annotations": encode(
+                Allocation(mem={0: {0: 16}}), assume_time_ns=1, gpu_capacity={0: 16})}
+            env.view.upsert_pod(bound)
+            assert env.view.state.pods["default/other"].node == node
+            assert "default/mine" not in env.view.inflight and len(env.view.picks) == 0
+            assert env.view.drift() == [] and "default/other" not in env.view.problems
+
+    _go(body())

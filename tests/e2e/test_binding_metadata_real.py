@@ -78,8 +78,8 @@ async def _check(cp: ControlPlane, admin: Client, ns: str, node: str, run: str) 
         old = admin.create(Pod.from_dict({**gpu_pod("old", run, mem=6),
                                           "metadata": {"name": "old", "namespace": ns,
                                                        "labels": {"e2e.sharegpu.io/run": run}}}))
-        new_anns = encode(_alloc(0, 4), assume_time_ns=1, gpu_capacity=[16, 16])
-        old_anns = encode(_alloc(1, 6), assume_time_ns=2, gpu_capacity=[16, 16])
+        new_anns = encode(_alloc(0, 4), assume_time_ns=1, gpu_capacity={0: 16, 1: 16})
+        old_anns = encode(_alloc(1, 6), assume_time_ns=2, gpu_capacity={0: 16, 1: 16})
         uid, rv = str(new.metadata.uid), str(new.metadata.resourceVersion)
 
         # refused: a stale resourceVersion, another uid; the pod is unchanged

@@ -229,7 +229,7 @@ class SchedulingAnswers:
         if best is None:
             return None
         node = names[int(np.flatnonzero(slots == best)[0])]
-        if hold:
+        if hold and self.picks.may_hold():
             try:
                 self.reserve(req, node)
             except PlacementError:  # the bind finds (and reports) the same
@@ -246,6 +246,13 @@ class SchedulingAnswers:
         keys = self.picks.expired()
         for key in keys:
             self._release_held(key)
+        return keys
+
+    def drop_picks(self, node: str | None = None) -> list[str]:
+        """Give back every pick held (on ``node`` only, when given); their keys."""
+        keys = self.picks.keys() if node is None else self.picks.on_node(node)
+        for key in keys:
+            self._drop_pick(key)
         return keys
 
     def _drop_pick(self, key: str) -> None:

@@ -59,6 +59,7 @@ class ClusterCache(DraCache, LearnedWorkload):
     (:meth:`reset`) and kept by watch events (``upsert_*``, ``delete_*``)."""
 
     picks: HeldPicks  # which in-flight reservations are held filter picks (set by the view)
+    drop_picks: Callable[..., list[str]]  # gives them back (the view's answers)
 
     def __init__(self, policy: str = "default", *, workload_refresh: int = 50,
                  workload: TargetWorkload | None = None) -> None:
@@ -373,7 +374,14 @@ class ClusterCache(DraCache, LearnedWorkload):
     # -- pods ---------------
     def _hold(self, key: str, req: PodRequest, node: str, alloc: Allocation) -> None:
         try:
-            self.state.reserve(req, node, alloc, check_host=False)
+            try:
+                self.state.reserve(req, node, alloc, check_host=False)
+            except PlacementError:
+                # what a bound pod holds comes first: picks held on its node give way (their
+                # binds choose afresh)
+                if not self.drop_picks(node):
+                    raise
+                self.state.reserve(req, node, alloc, check_host=False)
             self.state.bind(key)
             self._count_shape(key, req, alloc)
         except PlacementError as e:

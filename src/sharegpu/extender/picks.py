@@ -31,6 +31,9 @@ class HeldPicks:
         self.clock = clock
         self._held: dict[str, tuple[str, float]] = {}
         self.expired_total = 0  # picks given up on their timeout (for metrics)
+        # whether this replica holds picks now (the one that binds: a follower's holds would
+        # stand for binds it never sees)
+        self.may_hold: Callable[[], bool] = lambda: True
 
     def hold(self, key: str, node: str) -> None:
         """Hold ``key``'s pick on ``node`` from now until the timeout."""
@@ -45,6 +48,13 @@ class HeldPicks:
         """Stop holding ``key`` and return the node it was held on (None: not held)."""
         got = self._held.pop(key, None)
         return got[0] if got is not None else None
+
+    def on_node(self, node: str) -> list[str]:
+        """The keys held on ``node``."""
+        return [k for k, (n, _d) in self._held.items() if n == node]
+
+    def keys(self) -> list[str]:
+        return list(self._held)
 
     def expired(self) -> list[str]:
         """Stop holding every pick whose timeout passed; their keys."""

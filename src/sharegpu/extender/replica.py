@@ -84,6 +84,7 @@ class Replica:
         self.view.on_unseen = self._unseen
         self.view.on_dra_unschedulable = self._dra_unschedulable
         self.view.gang_may_hold = self.may_bind  # only the binder holds a gang's GPU shares
+        self.view.picks.may_hold = self.may_bind  # and the picks its filter answered with
         self.podgroups = PodGroupWatch(api, self.view)
         self.service = ExtenderApp(self.view, self.binder, self.metrics, self.events,
                                    is_ready=self.is_ready, is_synced=self.is_ready,
@@ -128,6 +129,7 @@ class Replica:
         self._leader_synced = False
         if not leader:
             self.view.drop_gang_holds()
+            self.view.drop_picks()
         if leader:
             self._tasks.append(asyncio.get_running_loop().create_task(self._take_over()))
 
