@@ -122,11 +122,20 @@ class ExtenderApp:
 
     # -- verbs ---------------
     def filter(self, request: Request) -> Response:
-        quick = self._nothing_applies(request.body)
-        if quick is not None:
-            return quick
+        body: Any = None
+        parts = wire.split_names(request.body)
+        if parts is not None:  # kube-scheduler's form: the pod first, the names apart
+            try:
+                head = json.loads(parts[0])
+                quick = self._nothing_applies(head, parts[1]) if isinstance(head, dict) \
+                    else None
+                if quick is not None:
+                    return quick  # the names never decoded
+                body = {**head, "NodeNames": json.loads(parts[1])}
+            except (ValueError, RecursionError, TypeError):
+                body = None  # the whole body is decoded (and refused) below
         try:
-            args = wire.parse_args(self._body(request))
+            args = wire.parse_args(body if body is not None else self._body(request))
         except ValidationError as e:
             return self._bad("filter", e, wire.error_filter_result(str(e)))
         if not self.is_synced():
@@ -174,20 +183,13 @@ class ExtenderApp:
             self.metrics.decided("filter", "ok")
         return Response(200, wire.filter_result_json(args, passed, failed, unres, passed_json))
 
-    def _nothing_applies(self, body: bytes) -> Response | None:
+    def _nothing_applies(self, args: dict[str, Any], names: bytes) -> Response | None:
         """The answer for a pod nothing of sharegpu applies to (no GPU, no ResourceClaim, no
         ResourcePolicy selecting it: kube-scheduler sends every pod when the extender lists no
-        ``managedResources``): every node passes, answered with the names as sent, without
-        decoding them. None for any other pod (or a body not in kube-scheduler's form)."""
-        parts = wire.split_names(body)
-        if parts is None or not self.is_synced():
-            return None
-        try:
-            args = json.loads(parts[0])
-        except (ValueError, RecursionError):
-            return None
-        pod = args.get("Pod") if isinstance(args, dict) else None
-        if not isinstance(pod, dict) or args.get("Nodes") is not None:
+        ``managedResources``): every node passes, answered with ``names``, the names' JSON
+        array as sent. None for any other pod."""
+        pod = args.get("Pod")
+        if not isinstance(pod, dict) or args.get("Nodes") is not None or not self.is_synced():
             return None
         spec, meta = pod.get("spec"), pod.get("metadata")
         if not isinstance(spec, dict) or not isinstance(meta, dict) or spec.get("resourceClaims"):
@@ -206,7 +208,7 @@ class ExtenderApp:
         if self.binder is not None:
             self.binder.hint(pod, req)  # its bind needs no read back
         self.metrics.decided("filter", "ok")
-        return Response(200, wire.pass_all_json(parts[1]))
+        return Response(200, wire.pass_all_json(names))
 
     def prioritize(self, request: Request) -> Response:
         ahead = self._ahead
