@@ -132,7 +132,8 @@ async def _check(cp: ControlPlane, admin: Client, ns: str, node: str, run: str) 
             held = {k.split("/")[1]: (r.node, r.alloc.per_gpu_mem())
                     for k, r in view.state.pods.items()}
             assert held == {"new": (node, {0: 4}), "old": (node, {1: 6})}, held
-            assert view.drift() == [] and view.problems == {}
+            assert view.drift() == []
+            assert not [k for k in view.problems if k.startswith(f"{ns}/")], view.problems
         assert names.ANN_ASSIGNED in stored["metadata"]["annotations"]
     finally:
         await api.close()
