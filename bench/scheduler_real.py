@@ -213,10 +213,16 @@ def create_paced(admin: Client, namespace: str, pods: Sequence[Mapping[str, Any]
 
 def delete_namespace(admin: Client, namespace: str, timeout: float) -> None:
     """Force-delete the namespace's pods (no kubelet confirms a graceful deletion), wait until
-    they are gone, then delete the namespace."""
-    admin.deletecollection(Pod, namespace=namespace, grace_period=0)
+    they are gone, then delete the namespace. A deletion whose answer times out (a loaded API
+    server deleting a thousand pods) goes on server-side: asked again until none is left."""
+    import httpx2
+
     deadline = time.monotonic() + timeout
-    while any(True for _ in admin.list(Pod, namespace=namespace, chunk_size=500)):
+    while True:
+        with contextlib.suppress(httpx2.TimeoutException):
+            admin.deletecollection(Pod, namespace=namespace, grace_period=0)
+        if not any(True for _ in admin.list(Pod, namespace=namespace, chunk_size=500)):
+            break
         if time.monotonic() > deadline:
             raise BenchError(f"pods of {namespace} still there after {timeout}s")
         time.sleep(0.5)
@@ -674,6 +680,9 @@ def main(argv: list[str] | None = None) -> int:
                     r = bench.run_arm(arm, n, pods_for[n], seed=rnd)
                     r["round"] = rnd
                     results.append(r)
+                    if a.json:  # every run as it ends: a later failure keeps them
+                        a.json.write_text(json.dumps({"meta": meta, "runs": results},
+                                                     indent=2) + "\n")
                     print(f"  {n} nodes, round {rnd}, {arm:<7}: {r['pods_per_s']:.1f} pods/s, "
                           f"attempt p99 {r['attempt_ms']['p99']:.1f} ms, mean "
                           f"{r['attempt_ms']['mean']:.2f} ms, failed attempts "
