@@ -302,7 +302,7 @@ class Bench:
             cp.restart_scheduler(config=self.scheduler_config(arm), extra_args=self.sched_args)
             series, cpu = self._poll(n_pods, time.monotonic(), self.pids(extender), extender,
                                      watch)
-            backlog_text = self._scrape()
+            backlog_text = self._scrape_settled(n_pods)
             api_backlog = self._api_writes()
             paced_text = ""
             if a.paced_pods:
@@ -312,7 +312,7 @@ class Bench:
                     self._poll(n_pods + a.paced_pods, time.monotonic(), {}, extender, watch,
                                a.paced_pods / a.paced_rate)
                     created.result()
-                paced_text = self._scrape()
+                paced_text = self._scrape_settled(n_pods + a.paced_pods)
             ext_text = ""
             if extender is not None:
                 ext_text = _http_text(f"{metrics_url}/metrics")
@@ -362,6 +362,17 @@ class Bench:
             + sm.value(samples, name, {"verb": "PUT", "resource": "pods",
                                        "subresource": "status"}),
         }
+
+    def _scrape_settled(self, n_pods: int, wait_s: float = 10.0) -> str:
+        """kube-scheduler's metrics once its scheduled count reached ``n_pods`` (the watch sees
+        a binding a moment before kube-scheduler counts it), or after ``wait_s``."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            text = self._scrape()
+            done = sm.counter_line(text, ATTEMPTS, {"profile": PROFILE, "result": "scheduled"})
+            if (done or 0) >= n_pods or time.monotonic() > deadline:
+                return text
+            time.sleep(0.2)
 
     def _scrape(self) -> str:
         status, text = self.cp.component_get(SCHEDULER, "/metrics")
