@@ -237,20 +237,41 @@ def test_a_bind_past_its_deadline_never_binds_later() -> None:
     _go(body())
 
 
-def test_a_bind_waiting_behind_the_node_lock_gives_up_at_its_deadline() -> None:
-    a, b = kobjects.pod("a", mem=4), kobjects.pod("b", mem=4)
+def test_a_bind_waiting_for_the_kubelet_holds_up_no_other_bind_to_its_node() -> None:
+    # a and b ask the same of one GPU each; a starts on GPU 0 of n0 and the kubelet has not
+    # admitted it: b, placed on GPU 1, must wait; c, asking something else, binds meanwhile
+    a, b, c = kobjects.pod("a", mem=4), kobjects.pod("b", mem=4), kobjects.pod("c", mem=6)
+    nodes = [kobjects.node("n0", [16, 16], "cgpu")]
 
     async def body() -> None:
-        async with Picks([a, b], bind_timeout=0.3) as env:
-            lock = env.binder.locks["n0"]
-            await lock.acquire()  # a bind to n0 that takes long
-            err = await env.bind(b, "n0")
-            assert "longer than 0.3 s" in err
-            lock.release()
+        async with Picks([a, b, c], bind_timeout=0.4) as env:
+            env.view.reset(nodes, [])
+            env.binder.start_wait = 5.0
             assert await env.bind(a, "n0") == ""
-            assert not env.api.pods["default/b"]["spec"].get("nodeName")
+            r = env.view.state.pods["default/a"]
+            env.view.state.release("default/a")  # b is made to go to the other GPU
+            from sharegpu.annotations import Allocation
+
+            other = 1 - r.alloc.gpus[0]
+            env.view.state.reserve(r.request, "n0", Allocation(mem={0: {r.alloc.gpus[0]: 4}}),
+                                   check_host=False)
+            env.view.state.bind("default/a")
+            blocker = env.view.state.reserve(
+                kobjects_req(env, b), "n0", Allocation(mem={0: {other: 4}}), check_host=False)
+            env.view.inflight["default/b"] = blocker
+            env.view.picks.hold("default/b", "n0")  # as if its filter had picked GPU `other`
+            waiting = asyncio.ensure_future(env.bind(b, "n0"))
+            await asyncio.sleep(0.05)
+            assert await env.bind(c, "n0") == ""
+            assert not waiting.done()  # c was not held up behind b, which still waits
+            assert "0.4" in await waiting or "starting" in await waiting
 
     _go(body())
+
+
+def kobjects_req(env: Picks, pod: dict[str, Any]) -> Any:
+    return env.view.reader.request(env.api.pods[f"{pod['metadata']['namespace']}/"
+                                                f"{pod['metadata']['name']}"])
 
 
 def test_held_picks_expire_in_order_and_refuse_a_bad_timeout() -> None:

@@ -1,6 +1,7 @@
 """Bind: reserve GPUs with the core, then create the binding that records them on the pod.
 
-Order, under a per-node lock:
+Order (the reservation and the starting-pods check each happen in one step of the event loop,
+so binds to one node need no lock and one waiting for the kubelet holds up no other):
 1. read the pod (its uid, whether it is already bound, its resourceVersion), or take what
    filter saw of it (:meth:`Binder.hint`);
 2. choose GPUs with the core's policy and hold them in the view (in flight), or confirm what
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -82,7 +83,6 @@ class Binder:
         self.bind_timeout = bind_timeout
         self.view = view
         self.may_bind = may_bind
-        self.locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._seen: OrderedDict[str, _Seen] = OrderedDict()
         self._hints = hints
         self.reads = 0  # pods read back from the API server (for tests and metrics)
@@ -150,24 +150,10 @@ class Binder:
         path = f"/api/v1/namespaces/{args.pod_namespace}/pods/{args.pod_name}"
         if not req.wants_gpu:
             return await self._bind_plain(args, req, uid, rv, path, deadline)
-        lock = self.locks[args.node]
-        try:
-            if lock.locked():
-                async with asyncio.timeout(_left(deadline)):
-                    await lock.acquire()
-            else:
-                await lock.acquire()
-        except TimeoutError:
-            self.view().release_inflight(req.key)  # a pick filter held: the retry picks again
-            raise BindError("timeout", f"{args.key}: binds to {args.node} ahead of it took "
-                            f"longer than {self.bind_timeout:g} s") from None
-        try:
-            return await self._bind_locked(args, req, uid, rv, hinted, deadline, path)
-        finally:
-            lock.release()
+        return await self._bind_gpus(args, req, uid, rv, hinted, deadline, path)
 
-    async def _bind_locked(self, args: BindingArgs, req: PodRequest, uid: str, rv: str,
-                           hinted: bool, deadline: float, path: str) -> BindOutcome | None:
+    async def _bind_gpus(self, args: BindingArgs, req: PodRequest, uid: str, rv: str,
+                         hinted: bool, deadline: float, path: str) -> BindOutcome | None:
         view = self.view()
         claim = self._claim(args, req)
         try:
@@ -234,8 +220,8 @@ class Binder:
     async def _wait_distinct(self, req: PodRequest, r: Reservation, limit: float) -> None:
         """Return once no pod starting on the node is one the kubelet could not tell from this
         one (then this pod counts as starting), or raise ``BindError`` after ``start_wait``
-        (or at ``limit``, the bind's deadline). The node's lock is held: no other bind adds a
-        starting pod there meanwhile."""
+        (or at ``limit``, the bind's deadline). The check and the add are one step of the
+        event loop: no other bind adds a starting pod in between."""
         deadline = min(time.monotonic() + self.start_wait, limit)
         delay = 0.01
         while True:
