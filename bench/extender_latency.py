@@ -2,14 +2,19 @@
 
     python bench/extender_latency.py --nodes 5000 --json
 
-A server process runs the extender's HTTP service (the same ExtenderApp as ``sharegpu
-extender``) over a ClusterView of ``--nodes`` nodes × 8 GPUs in mixed modes; its binder writes
-to an in-memory API (so the figures are the extender's own cost, not an API server's). A driver
-plays kube-scheduler: for each pod one filter then one prioritize (serially, as kube-scheduler's
-scheduling cycle), then a bind in the background (up to ``--inflight`` binds at once, as its
-binding cycles). Pods carry a resourceVersion as kube-scheduler's cache has them, so bind
-uses the filter's copy (no read back). Latencies are measured at the driver, HTTP and JSON
-included; the extender's own handler time per verb is read from its /metrics.
+A server process runs the extender's HTTP service (the same ExtenderApp as ``sharegpu extender``)
+over a ClusterView of ``--nodes`` nodes × 8 GPUs in mixed modes; its binder writes to an in-memory
+API (so the figures are the extender's own cost, not an API server's). A driver plays kube-
+scheduler: for each pod one filter, then one prioritize when more than one node passed (serially, as
+kube-scheduler's scheduling cycle), then a bind in the background (up to ``--inflight`` binds at
+once, as its binding cycles). Pods carry a resourceVersion as kube-scheduler's cache has them, so
+bind uses the filter's copy (no read back). Latencies are measured at the driver, HTTP and JSON
+included; the extender's own handler time per verb is read from its /metrics. The kubelet's part is
+played too: ``--kubelet-ms`` after each binding the pod is marked assigned and the extender's view
+sees it, as its watch would (the starting-pods rule waits for it).
+
+``--burst N --kubelet-ms 200``: only N pods of one shape at once, kubelets admitting each pod
+200 ms after its binding, bind failures placed again after 1 s: the time until all are bound.
 
 Side by side in one run:
 - ``scheduler``: what kube-scheduler sends by default at this size: the nodes its own filters
@@ -150,7 +155,45 @@ def pods(n: int, seed: int = 2, host: str = "") -> list[tuple[str, dict[str, Any
 
 
 # -- server process -----------------------------------------------------------------------------
-def serve(n_nodes: int, n_pods: int, q: Any, graded: bool = False, others: int = 0) -> None:
+def play_kubelet(api: Any, view: Any, delay: float) -> None:
+    """The kubelet's part after a binding, as the other harnesses play it: ``delay`` seconds
+    after each binding the node's kubelet admits the pod and its agent marks it assigned, and
+    the extender's watch shows it (the starting-pods rule waits for that,
+    docs/architecture.md "Starting pods")."""
+    from sharegpu.annotations import assigned_patch
+
+    real = api.bind
+    loop = asyncio.get_running_loop()
+
+    def admitted(key: str) -> None:
+        pod = api.pods.get(key)
+        if pod is None:
+            return
+        pod["metadata"].setdefault("annotations", {}).update(assigned_patch())
+        pod["metadata"]["resourceVersion"] = api._next_rv()
+        view.upsert_pod(json.loads(json.dumps(pod)))
+
+    async def bind(namespace: str, name: str, *a: Any, **kw: Any) -> Any:
+        out = await real(namespace, name, *a, **kw)
+        loop.call_later(delay, admitted, f"{namespace}/{name}")
+        return out
+
+    api.bind = bind
+
+
+def web_policy() -> dict[str, Any]:
+    """A ResourcePolicy selecting the pods labelled app=web in namespace default."""
+    from sharegpu.resourcepolicy import API_VERSION
+
+    return {"apiVersion": API_VERSION, "kind": "ResourcePolicy",
+            "metadata": {"name": "web", "namespace": "default",
+                         "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"selector": {"app": "web"}, "units": [{"nodeSelector": {"pool": "a"}}]}}
+
+
+def serve(n_nodes: int, n_pods: int, q: Any, graded: bool = False, others: int = 0,
+          kubelet_s: float = 0.0, work: list[dict[str, Any]] | None = None,
+          policy: bool = False) -> None:
     from sharegpu.extender.bind import Binder
     from sharegpu.extender.metrics import Metrics
     from sharegpu.extender.server import ExtenderApp
@@ -161,9 +204,19 @@ def serve(n_nodes: int, n_pods: int, q: Any, graded: bool = False, others: int =
         view = ClusterView("default", graded=graded)
         nodes = cluster(n_nodes)
         view.reset(nodes, other_pods(nodes, others))
-        api = MemoryApi(p for _, p in pods(n_pods, host="template" if others else ""))
+        api = MemoryApi(work if work is not None else
+                        (p for _, p in pods(n_pods, host="template" if others else "")))
+        play_kubelet(api, view, kubelet_s)
         metrics = Metrics(lambda: view)
-        app = ExtenderApp(view, Binder(api, lambda: view), metrics)
+        units = None
+        if policy:
+            from sharegpu.extender.resourcepolicies import ResourcePolicies
+
+            units = ResourcePolicies()
+            units.set_policies([web_policy()])
+            units.reset(nodes, [])
+            assert units.policies and not units.problems, units.problems
+        app = ExtenderApp(view, Binder(api, lambda: view, units=units), metrics, units=units)
         q.put(await app.server().start("127.0.0.1", 0))
         await asyncio.Event().wait()
 
@@ -311,13 +364,17 @@ async def drive(port: int, n_nodes: int, work: list[tuple[str, dict[str, Any]]],
         if not passed:
             errors["unschedulable"] += 1
             continue
-        pr = await post(main, "prioritize", b'{"Pod":' + pod_json + b',"Nodes":null,"NodeNames":'
-                        + json.dumps(passed, separators=(",", ":")).encode() + b"}")
-        if isinstance(pr, dict):
-            errors["prioritize"] += 1
-            continue
-        top = max((h["Score"] for h in pr), default=0)
-        node = rng.choice([h["Host"] for h in pr if h["Score"] == top] if top else passed)
+        if len(passed) == 1:  # kube-scheduler uses the one feasible node, unscored
+            node = passed[0]
+        else:
+            pr = await post(main, "prioritize", b'{"Pod":' + pod_json
+                            + b',"Nodes":null,"NodeNames":'
+                            + json.dumps(passed, separators=(",", ":")).encode() + b"}")
+            if isinstance(pr, dict):
+                errors["prioritize"] += 1
+                continue
+            top = max((h["Score"] for h in pr), default=0)
+            node = rng.choice([h["Host"] for h in pr if h["Score"] == top] if top else passed)
         await free.acquire()
         t = asyncio.create_task(bind(pod, node))
         tasks.add(t)
@@ -363,6 +420,7 @@ def direct(n_nodes: int, work: list[tuple[str, dict[str, Any]]], warmup: int,
            others: int = 0, label: str = "") -> dict[str, Any]:
     """The same pods through the view and the binder in one process, no HTTP: what the
     extender's own logic costs (the candidate lists of the ``scheduler`` scenario)."""
+    from sharegpu.annotations import assigned_patch
     from sharegpu.extender.bind import Binder
     from sharegpu.extender.view import ClusterView
     from sharegpu.extender.wire import BindingArgs
@@ -370,6 +428,7 @@ def direct(n_nodes: int, work: list[tuple[str, dict[str, Any]]], warmup: int,
 
     nodes = cluster(n_nodes)
     view = ClusterView("default")
+    one_call = hasattr(view, "pick")  # the extender's filter answers with one node
     view.reset(nodes, other_pods(nodes, others))
     api = MemoryApi(p for _, p in work)
     binder = Binder(api, lambda: view)
@@ -387,17 +446,25 @@ def direct(n_nodes: int, work: list[tuple[str, dict[str, Any]]], warmup: int,
             t0 = time.perf_counter()
             req = view.reader.request(pod)
             passed, _, _ = view.filter(req, cand)
+            if passed and one_call:  # the server's filter answers with the held pick
+                passed = [view.pick(req, passed, hold=True)]
             if passed:
                 binder.hint(pod, req)
             t1 = time.perf_counter()
             if not passed:
                 continue
-            scores = view.prioritize(view.reader.request(pod), passed)
+            if len(passed) == 1:
+                node = passed[0]
+            else:
+                scores = view.prioritize(view.reader.request(pod), passed)
+                node = max(scores, key=scores.__getitem__)
             t2 = time.perf_counter()
-            node = max(scores, key=scores.__getitem__)
             m = pod["metadata"]
             await binder.bind(BindingArgs(m["name"], m["namespace"], m["uid"], node))
             t3 = time.perf_counter()
+            admitted = api.pods[f"{m['namespace']}/{m['name']}"]  # the kubelet, at once
+            admitted["metadata"].setdefault("annotations", {}).update(assigned_patch())
+            view.upsert_pod(admitted)
             lat["filter"].append(t1 - t0)
             lat["prioritize"].append(t2 - t1)
             lat["bind"].append(t3 - t2)
@@ -416,11 +483,199 @@ def direct(n_nodes: int, work: list[tuple[str, dict[str, Any]]], warmup: int,
                            for v, x in lat.items()}}
 
 
-def run_scenario(n_nodes: int, n_pods: int, mode: str, inflight: int,
-                 warmup: int, graded: bool = False, others: int = 0) -> dict[str, Any]:
+async def drive_burst(port: int, work: list[dict[str, Any]], names_: list[str],
+                      inflight: int) -> dict[str, Any]:
+    """kube-scheduler's loop over a backlog of pods: filter (and prioritize when more than one
+    node passed), then the bind in the background; a pod whose bind fails is placed again
+    after kube-scheduler's first back-off (1 s). Until every pod is bound."""
+    rng = random.Random(3)
+    main = await Http.open(port)
+    idle = [await Http.open(port) for _ in range(inflight)]
+    free = asyncio.Semaphore(inflight)
+    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    for pod in work:
+        queue.put_nowait(pod)
+    bound: set[str] = set()
+    errors: list[str] = []
+    calls = {"filter": 0, "prioritize": 0, "bind": 0}
+    names_json = json.dumps(names_, separators=(",", ":")).encode()
+    done = asyncio.Event()
+    tasks: set[asyncio.Future[None]] = set()
+
+    def spawn(coro: Any) -> None:
+        t = asyncio.ensure_future(coro)
+        tasks.add(t)
+        t.add_done_callback(tasks.discard)
+
+    async def post(conn: Http, verb: str, body: bytes) -> Any:
+        calls[verb] += 1
+        _, raw = await conn.request("POST", f"/{verb}", body)
+        return json.loads(raw)
+
+    async def back_later(pod: dict[str, Any]) -> None:
+        await asyncio.sleep(1.0)
+        queue.put_nowait(pod)
+
+    async def bind(pod: dict[str, Any], node: str) -> None:
+        conn = idle.pop()
+        try:
+            m = pod["metadata"]
+            out = await post(conn, "bind", json.dumps(
+                {"PodName": m["name"], "PodNamespace": m["namespace"], "PodUID": m["uid"],
+                 "Node": node}, separators=(",", ":")).encode())
+            if out.get("Error"):
+                errors.append(out["Error"])
+                spawn(back_later(pod))
+            else:
+                bound.add(m["name"])
+                if len(bound) == len(work):
+                    done.set()
+        finally:
+            idle.append(conn)
+            free.release()
+
+    async def schedule() -> None:
+        while not done.is_set():
+            try:
+                pod = await asyncio.wait_for(queue.get(), 0.1)
+            except TimeoutError:
+                continue
+            pod_json = json.dumps(pod, separators=(",", ":")).encode()
+            f = await post(main, "filter", b'{"Pod":' + pod_json + b',"Nodes":null,"NodeNames":'
+                           + names_json + b"}")
+            passed = f.get("NodeNames") or []
+            if not passed:
+                errors.append("unschedulable")
+                spawn(back_later(pod))
+                continue
+            if len(passed) == 1:
+                node = passed[0]
+            else:
+                pr = await post(main, "prioritize", b'{"Pod":' + pod_json
+                                + b',"Nodes":null,"NodeNames":'
+                                + json.dumps(passed, separators=(",", ":")).encode() + b"}")
+                top = max(h["Score"] for h in pr)
+                node = rng.choice([h["Host"] for h in pr if h["Score"] == top])
+            await free.acquire()
+            spawn(bind(pod, node))
+
+    t0 = time.perf_counter()
+    runner = asyncio.ensure_future(schedule())
+    await done.wait()
+    wall = time.perf_counter() - t0
+    runner.cancel()
+    for conn in [main, *idle]:
+        await conn.close()
+    return {"pods": len(work), "seconds_to_all_bound": round(wall, 2),
+            "failed_binds": len(errors), "first_errors": errors[:3], "calls": calls}
+
+
+def burst(n_nodes: int, n_pods: int, kubelet_s: float, inflight: int,
+          mem: int = 4) -> dict[str, Any]:
+    """``n_pods`` pods of one shape (``mem`` GiB of one GPU) at once onto ``n_nodes`` nodes
+    whose kubelets admit a pod ``kubelet_s`` seconds after its binding: the time until all are
+    bound (the starting-pods rule makes look-alike pods on one node bind one GPU's worth at a
+    time, each waiting for the kubelet to admit the one before)."""
+    work = [kobjects.pod(f"burst-{i:04d}", mem=mem, uid=f"uid-burst-{i}") for i in range(n_pods)]
+    for i, pod in enumerate(work):
+        pod["metadata"]["resourceVersion"] = str(i + 1)
+    nodes = cluster(n_nodes)
+    cand = [n["metadata"]["name"] for n in nodes
+            if Mode(n["metadata"]["labels"][names.LABEL_SCHEDULE]) in KIND_MODES["mem"]]
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    proc = ctx.Process(target=serve, args=(n_nodes, n_pods + warmup, q, graded, others),
+    proc = ctx.Process(target=serve, args=(n_nodes, 0, q, False, 0, kubelet_s, work),
+                       daemon=True)
+    proc.start()
+    try:
+        port = q.get(timeout=600)
+        out = asyncio.run(drive_burst(port, work, cand, inflight))
+    finally:
+        proc.terminate()
+        proc.join()
+    return {"nodes": n_nodes, "kubelet_admits_after_s": kubelet_s, "pod_gpu_mem_gib": mem,
+            **out}
+
+
+async def drive_plain(port: int, work: list[dict[str, Any]], names_: list[str],
+                      server_pid: int | None) -> dict[str, Any]:
+    """Pods without GPUs, one after the other: filter (with ``names_``) then bind; the
+    extender's handler time per verb (its /metrics) and its CPU per pod."""
+    conn = await Http.open(port)
+    names_json = json.dumps(names_, separators=(",", ":")).encode()
+
+    async def handler() -> dict[str, tuple[float, float]]:
+        _, body = await conn.request("GET", "/metrics")
+        out: dict[str, list[float]] = {}
+        for line in body.decode().splitlines():
+            for part, i in (("_sum{", 0), ("_count{", 1)):
+                if line.startswith("sharegpu_extender_request_seconds" + part):
+                    verb = line.split('verb="')[1].split('"')[0]
+                    out.setdefault(verb, [0.0, 0.0])[i] = float(line.rsplit(" ", 1)[1])
+        return {v: (x[0], x[1]) for v, x in out.items()}
+
+    warm = len(work) // 5
+    errors = 0
+    for n, pod in enumerate(work):
+        if n == warm:
+            before, cpu0, t0 = await handler(), cpu_seconds(server_pid), time.perf_counter()
+        _, raw = await conn.request("POST", "/filter", b'{"Pod":' + json.dumps(
+            pod, separators=(",", ":")).encode() + b',"Nodes":null,"NodeNames":' + names_json
+            + b"}")
+        passed = json.loads(raw).get("NodeNames") or []
+        m = pod["metadata"]
+        _, raw = await conn.request("POST", "/bind", json.dumps(
+            {"PodName": m["name"], "PodNamespace": m["namespace"], "PodUID": m["uid"],
+             "Node": passed[0] if passed else names_[0]}).encode())
+        errors += bool(json.loads(raw).get("Error"))
+    wall, cpu1, after = time.perf_counter() - t0, cpu_seconds(server_pid), await handler()
+    await conn.close()
+    k = len(work) - warm
+    return {"pods": k, "names_per_filter": len(names_), "bind_errors": errors,
+            "handler_ms": {v: round(1000 * (after[v][0] - before[v][0])
+                                    / max(after[v][1] - before[v][1], 1), 3)
+                           for v in ("filter", "bind") if v in after and v in before},
+            "extender_cpu_ms_per_pod": (round(1000 * (cpu1 - cpu0) / k, 3)
+                                        if cpu0 is not None and cpu1 is not None else None),
+            "wall_ms_per_pod": round(1000 * wall / k, 3)}
+
+
+def plain_pods(n_nodes: int, n_pods: int, policy: bool) -> dict[str, Any]:
+    """What a pod without GPUs pays (kube-scheduler sends every pod to the extender when it
+    lists no managedResources): ``n_pods`` pods labelled app=db, filtered with 10 %
+    of the node names as kube-scheduler sends them, then bound; ``policy``: a ResourcePolicy
+    (selecting app=web, not these pods) installed."""
+    work = []
+    for i in range(n_pods):
+        p = kobjects.pod(f"plain-{i:05d}", containers=[{}], cpu="100m", memory="128Mi",
+                         uid=f"uid-plain-{i}")
+        p["metadata"]["labels"] = {"app": "db"}
+        p["metadata"]["resourceVersion"] = str(i + 1)
+        work.append(p)
+    nodes = cluster(n_nodes)
+    rng = random.Random(4)
+    cand = rng.sample([n["metadata"]["name"] for n in nodes], max(100, n_nodes // 10))
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    proc = ctx.Process(target=serve, args=(n_nodes, 0, q, False, 0, 0.0, work, policy),
+                       daemon=True)
+    proc.start()
+    try:
+        port = q.get(timeout=600)
+        out = asyncio.run(drive_plain(port, work, cand, proc.pid))
+    finally:
+        proc.terminate()
+        proc.join()
+    return {"nodes": n_nodes, "resource_policy_installed": policy, **out}
+
+
+def run_scenario(n_nodes: int, n_pods: int, mode: str, inflight: int,
+                 warmup: int, graded: bool = False, others: int = 0,
+                 kubelet_s: float = 0.0) -> dict[str, Any]:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    proc = ctx.Process(target=serve,
+                       args=(n_nodes, n_pods + warmup, q, graded, others, kubelet_s),
                        daemon=True)
     proc.start()
     try:
@@ -533,21 +788,40 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--candidates", choices=["all", "scheduler", "both"], default="both")
     p.add_argument("--no-graded", action="store_true",
                    help="skip the scenario with --graded-scores (scheduler lists)")
+    p.add_argument("--kubelet-ms", type=float, default=0.0,
+                   help="ms after each binding at which the node's kubelet admits the pod and "
+                        "its agent marks it assigned (all scenarios; default 0: at once)")
+    p.add_argument("--burst", type=int, default=0,
+                   help="only the burst: this many pods of one shape at once, kubelets "
+                        "admitting --kubelet-ms after each binding; time to all bound")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--plain", type=int, default=0,
+                   help="only pods without GPUs: this many, filtered and bound one by one, "
+                        "without and with a ResourcePolicy installed")
     a = p.parse_args(argv)
+    if a.plain:
+        print(json.dumps([plain_pods(a.nodes, a.plain, policy) for policy in (False, True)],
+                         indent=2))
+        return 0
+    if a.burst:
+        out = burst(a.nodes, a.burst, a.kubelet_ms / 1000, a.inflight)
+        print(json.dumps(out, indent=2))
+        return 0
     if a.nodes < 1 or a.pods < 1 or a.warmup < 0:
         p.error("--nodes and --pods must be at least 1, --warmup at least 0")
     modes = ["scheduler", "all"] if a.candidates == "both" else [a.candidates]
     result: dict[str, Any] = {"nodes": a.nodes, "gpus_per_node": 8, "cpus": os.cpu_count(),
                               "policy": f"default ({resolve('default')})", "scenarios": []}
     for m in modes:
-        result["scenarios"].append(run_scenario(a.nodes, a.pods, m, a.inflight, a.warmup))
+        k = a.kubelet_ms / 1000
+        result["scenarios"].append(run_scenario(a.nodes, a.pods, m, a.inflight, a.warmup,
+                                                kubelet_s=k))
         if m == "scheduler" and a.other_pods:  # the same with CPU and memory counted
             result["scenarios"].append(run_scenario(a.nodes, a.pods, m, a.inflight, a.warmup,
-                                                    others=a.other_pods))
+                                                    others=a.other_pods, kubelet_s=k))
         if m == "scheduler" and not a.no_graded:  # the same with every node scored
             result["scenarios"].append(run_scenario(a.nodes, a.pods, m, a.inflight, a.warmup,
-                                                    graded=True))
+                                                    graded=True, kubelet_s=k))
     result["scenarios"].append(direct(a.nodes, pods(a.pods + a.warmup), a.warmup))
     if a.other_pods:
         for host in ("template", "random"):

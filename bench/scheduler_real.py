@@ -9,6 +9,8 @@ the e2e tests' ``ControlPlane``), ``--nodes`` kubelet-less GPU Nodes as the agen
 the card labels, Ready, no taints), and per node count two arms, alternated over ``--rounds``
 (ABBA...: with, without, without, with, ...):
 
+- ``before`` (with ``--before-src DIR``): the same as ``with``, with the extender and the chart
+  of another checkout (``git worktree add DIR main``), alternated with the others;
 - ``with``: kube-scheduler run with exactly the chart's KubeSchedulerConfiguration (only the
   extender's ``urlPrefix`` changed; the chart's scheduler ServiceAccount as its client, the
   chart's ``--v``), calling ``sharegpu extender`` (the chart's arguments and ServiceAccount,
@@ -25,9 +27,16 @@ one at ``--paced-rate`` pods/s while it runs (phase 2, paced: latency without a 
 come from kube-scheduler's own /metrics (scraped with the admin's client certificate; its
 delegated authorization allows ``system:masters``), polled every ``--poll`` seconds:
 
-- pods/s (backlog): ``scheduler_schedule_attempts_total{result="scheduled"}`` polled over time;
-  its mean rate between the moments it reached 10 % and 90 % of the pods (interpolated between
-  polls); the counter moves when a pod's binding has succeeded;
+- pods/s (backlog): the pods bound, from a watch on the namespace's pods, polled over time;
+  their mean rate between the moments they reached 10 % and 90 % of the pods (interpolated
+  between polls); an arm ends when every pod is bound (kube-scheduler's
+  ``scheduler_schedule_attempts_total{result="scheduled"}`` is reported beside: a bind it
+  counted failed that landed anyway would make the two differ);
+- per pod: the extender's calls by verb (its own request histogram's counts), the pod writes
+  kube-apiserver counted (its ``apiserver_request_total``: Binding POSTs, pod PATCHes less the
+  stand-in kubelets' ``assigned`` marks, status writes), binds the extender refused by reason
+  (``sharegpu_extender_failures_total``), and the pods whose decision was on them in the watch
+  event that first showed them bound;
 - attempt p50/p99/mean: ``scheduler_scheduling_attempt_duration_seconds{result="scheduled"}``,
   one pod from leaving the queue to bound (the scheduling cycle: filter, score, the extender's
   filter and prioritize; then the asynchronous binding cycle: the extender's bind or the default
@@ -92,6 +101,7 @@ from e2e.controlplane import (  # noqa: E402
 )
 from e2e.realcluster import (  # noqa: E402
     ChartRbac,
+    PodWatch,
     StandInKubelets,
     gpu_node_object,
     gpu_pod,
@@ -115,6 +125,7 @@ POINT_S = "scheduler_framework_extension_point_duration_seconds"
 ALGORITHM_POINTS = ("PreFilter", "Filter", "PreScore", "Score")
 EXTENDER_S = "sharegpu_extender_request_seconds"
 ARMS = ("with", "without")
+ALL_ARMS = ("with", "before", "without")  # before: --before-src's sharegpu
 
 
 class BenchError(RuntimeError):
@@ -202,10 +213,16 @@ def create_paced(admin: Client, namespace: str, pods: Sequence[Mapping[str, Any]
 
 def delete_namespace(admin: Client, namespace: str, timeout: float) -> None:
     """Force-delete the namespace's pods (no kubelet confirms a graceful deletion), wait until
-    they are gone, then delete the namespace."""
-    admin.deletecollection(Pod, namespace=namespace, grace_period=0)
+    they are gone, then delete the namespace. A deletion whose answer times out (a loaded API
+    server deleting a thousand pods) goes on server-side: asked again until none is left."""
+    import httpx2
+
     deadline = time.monotonic() + timeout
-    while any(True for _ in admin.list(Pod, namespace=namespace, chunk_size=500)):
+    while True:
+        with contextlib.suppress(httpx2.TimeoutException):
+            admin.deletecollection(Pod, namespace=namespace, grace_period=0)
+        if not any(True for _ in admin.list(Pod, namespace=namespace, chunk_size=500)):
+            break
         if time.monotonic() > deadline:
             raise BenchError(f"pods of {namespace} still there after {timeout}s")
         time.sleep(0.5)
@@ -221,7 +238,8 @@ class Bench:
     def __init__(self, cp: ControlPlane, admin: Client, a: argparse.Namespace) -> None:
         self.cp, self.admin, self.a = cp, admin, a
         self.ns = make_namespace(admin, "sharegpu")  # the release's namespace
-        self.docs = render_chart(RELEASE, self.ns)
+        values = {"placement.policy": a.policy} if a.policy else None
+        self.docs = render_chart(RELEASE, self.ns, values)
         self.rbac = ChartRbac(admin, self.docs, RELEASE)
         ext_sa = self.rbac.apply("extender")
         self.rbac.apply("scheduler")
@@ -229,12 +247,15 @@ class Bench:
         wait_allowed("the extender to list pods", lambda: list(ext.list(Pod, namespace="*")))
         self.ext_port = free_port()
         self.sched_args = ["--leader-elect=true", chart_scheduler_verbosity(self.docs)]
+        self.docs_before = (render_chart(RELEASE, self.ns, values,
+                                         chart=Path(a.before_src) / "charts" / "sharegpu")
+                            if a.before_src else [])
 
     def scheduler_config(self, arm: str) -> dict[str, Any]:
         """The chart's configuration (only urlPrefix changed; a fresh token for the chart's
         scheduler ServiceAccount); ``without``: less its ``extenders`` block."""
-        cfg = scheduler_config_for(self.cp, self.docs, RELEASE, self.ns,
-                                   f"https://127.0.0.1:{self.ext_port}")
+        cfg = scheduler_config_for(self.cp, self.docs_before if arm == "before" else self.docs,
+                                   RELEASE, self.ns, f"https://127.0.0.1:{self.ext_port}")
         if arm == "without":
             del cfg["extenders"]
         if self.a.client_qps:  # both arms alike
@@ -257,41 +278,101 @@ class Bench:
         cp.stop_scheduler()
         ns = make_namespace(self.admin, f"bench-{arm}")
         extender: SharegpuProcess | None = None
-        kubelets: StandInKubelets | None = None
         metrics_url = ""
+        # the pods bound, from a watch: the bench ends on them, not on kube-scheduler's counter;
+        # with the extender, it also plays each node's kubelet and agent, marking bound pods
+        # assigned, as in a cluster (the extender waits for that before binding a look-alike:
+        # sharegpu.startingpods)
+        watch: PodWatch = (StandInKubelets if arm != "without" else PodWatch)(
+            cp.admin_kubeconfig, ns)
         try:
-            if arm == "with":
+            if arm == "before":  # another copy of sharegpu (and of its chart)
+                src = str(Path(a.before_src).resolve() / "src")
+                local = start_extender(cp, self.docs_before, "sharegpu-extender-0",
+                                       self.ext_kubeconfig, port=self.ext_port,
+                                       env={"PYTHONPATH": src})
+                extender, metrics_url = local.proc, local.metrics_url
+            elif arm == "with":
                 local = start_extender(cp, self.docs, "sharegpu-extender-0",
                                        self.ext_kubeconfig, port=self.ext_port)
                 extender, metrics_url = local.proc, local.metrics_url
-                # each node's kubelet and agent mark bound pods assigned, as in a cluster (the
-                # extender waits for that before binding a look-alike: sharegpu.startingpods)
-                kubelets = StandInKubelets(cp.admin_kubeconfig, ns).start()
+            watch.start()
             t_create = create_pods(self.admin, ns, pod_objects(n_pods, seed, "p"), a.workers)
+            api_before = self._api_writes()
             cp.restart_scheduler(config=self.scheduler_config(arm), extra_args=self.sched_args)
-            series, cpu = self._poll(n_pods, time.monotonic(), self.pids(extender), extender)
-            backlog_text = self._scrape()
+            series, cpu = self._poll(n_pods, time.monotonic(), self.pids(extender), extender,
+                                     watch)
+            backlog_text = self._scrape_settled(n_pods)
+            api_backlog = self._api_writes()
             paced_text = ""
             if a.paced_pods:
                 paced = pod_objects(a.paced_pods, seed + 1000, "q")
                 with cf.ThreadPoolExecutor(1) as pool:
                     created = pool.submit(create_paced, self.admin, ns, paced, a.paced_rate)
-                    self._poll(n_pods + a.paced_pods, time.monotonic(), {}, extender,
+                    self._poll(n_pods + a.paced_pods, time.monotonic(), {}, extender, watch,
                                a.paced_pods / a.paced_rate)
                     created.result()
-                paced_text = self._scrape()
+                paced_text = self._scrape_settled(n_pods + a.paced_pods)
             ext_text = ""
             if extender is not None:
                 ext_text = _http_text(f"{metrics_url}/metrics")
+            api_after = self._api_writes()
+            assigned = len(getattr(watch, "started", ()))
         finally:
             cp.stop_scheduler()
             if extender is not None:
                 extender.stop()
-            if kubelets is not None:
-                kubelets.stop()
+            watch.stop()
         delete_namespace(self.admin, ns, a.wait)
-        return summarize(arm, n_nodes, n_pods, series, cpu, backlog_text, paced_text, ext_text,
-                         t_create, os.sysconf("SC_CLK_TCK"))
+        out = summarize(arm, n_nodes, n_pods, series, cpu, backlog_text, paced_text, ext_text,
+                        t_create, os.sysconf("SC_CLK_TCK"))
+        placed = n_pods + a.paced_pods
+        writes = {k: api_after[k] - api_before.get(k, 0.0) for k in api_after}
+        out["api_writes_per_pod"] = {
+            # kube-apiserver's own apiserver_request_total, over both phases; the stand-in
+            # kubelets' assigned marks (one PATCH per pod, the agent's in a cluster) taken out
+            "binding POST": round(writes["binding"] / placed, 3),
+            "pod PATCH (less the kubelets' assigned marks)":
+                round((writes["patch"] - assigned) / placed, 3),
+            "pod status PATCH/PUT (kube-scheduler)": round(writes["status"] / placed, 3),
+        }
+        out["backlog_bindings"] = api_backlog["binding"] - api_before.get("binding", 0.0)
+        out["pods_bound"] = len(watch.bound)
+        # pods whose decision was on them in the watch event that first showed them bound
+        out["annotated_when_bound"] = sum(watch.annotated_at_bind.values())
+        out["load_after"] = [round(x, 2) for x in os.getloadavg()]
+        out["scheduled_counter"] = sm.value(sm.parse(paced_text or backlog_text), ATTEMPTS,
+                                            {"profile": PROFILE, "result": "scheduled"})
+        return out
+
+    def _api_writes(self) -> dict[str, float]:
+        """kube-apiserver's count of pod writes so far (its apiserver_request_total)."""
+        status, text = self.cp.request("GET", "/metrics", timeout=30)
+        if status != 200:
+            raise BenchError(f"kube-apiserver /metrics: HTTP {status}: {text[:300]}")
+        samples = sm.parse(text)
+        name = "apiserver_request_total"
+        return {
+            "binding": sm.value(samples, name, {"verb": "POST", "resource": "pods",
+                                                "subresource": "binding"}),
+            "patch": sm.value(samples, name, {"verb": "PATCH", "resource": "pods",
+                                              "subresource": ""}),
+            "status": sm.value(samples, name, {"verb": "PATCH", "resource": "pods",
+                                               "subresource": "status"})
+            + sm.value(samples, name, {"verb": "PUT", "resource": "pods",
+                                       "subresource": "status"}),
+        }
+
+    def _scrape_settled(self, n_pods: int, wait_s: float = 10.0) -> str:
+        """kube-scheduler's metrics once its scheduled count reached ``n_pods`` (the watch sees
+        a binding a moment before kube-scheduler counts it), or after ``wait_s``."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            text = self._scrape()
+            done = sm.counter_line(text, ATTEMPTS, {"profile": PROFILE, "result": "scheduled"})
+            if (done or 0) >= n_pods or time.monotonic() > deadline:
+                return text
+            time.sleep(0.2)
 
     def _scrape(self) -> str:
         status, text = self.cp.component_get(SCHEDULER, "/metrics")
@@ -300,9 +381,10 @@ class Bench:
         return text
 
     def _poll(self, n_pods: int, t0: float, pids: Mapping[str, int],
-              extender: SharegpuProcess | None, extra_s: float = 0.0,
+              extender: SharegpuProcess | None, watch: PodWatch, extra_s: float = 0.0,
               ) -> tuple[list[tuple[float, float]], list[tuple[float, float, dict[str, int]]]]:
-        """Poll the scheduled-pods counter (and CPU times) until it reaches ``n_pods``."""
+        """Poll the pods bound (``watch``; CPU times beside) until ``n_pods`` are; kube-
+        scheduler's metrics are polled too, to tell it is up."""
         a, cp = self.a, self.cp
         series: list[tuple[float, float]] = []
         cpu: list[tuple[float, float, dict[str, int]]] = []
@@ -315,8 +397,7 @@ class Bench:
             # A scheduler just started may answer 401/403 for a moment: its delegated
             # authentication loads the client CA after /healthz passes.
             if status == 200:
-                labels = {"profile": PROFILE, "result": "scheduled"}
-                done = sm.counter_line(text, ATTEMPTS, labels) or 0.0
+                done = float(len(watch.bound))
                 series.append((t, done))
                 cpu.append((t, done, snap))
                 if done >= n_pods:
@@ -333,7 +414,7 @@ class Bench:
                 raise BenchError(f"sharegpu extender exited:\n{extender.log_tail(40)}")
             if time.monotonic() > deadline:
                 raise BenchError(
-                    f"{done:.0f} of {n_pods} pods scheduled after {t:.0f}s "
+                    f"{done:.0f} of {n_pods} pods bound after {t:.0f}s "
                     f"(limit: --wait {a.wait:.0f}s + pods / --min-rate {a.min_rate:.0f});\n"
                     f"kube-scheduler:\n{cp.components[SCHEDULER].log_tail(20)}")
             time.sleep(a.poll)
@@ -360,8 +441,6 @@ def summarize(arm: str, n_nodes: int, n_pods: int, series: Sequence[tuple[float,
     labels = {"profile": PROFILE, "result": "scheduled"}
     attempt = sm.histogram(samples, ATTEMPT_S, labels)
     algorithm = sm.histogram(samples, ALGORITHM_S)
-    if attempt.count != n_pods:
-        raise BenchError(f"{ATTEMPT_S} counted {attempt.count:.0f} pods, not {n_pods}")
     # CPU over the polls around the 10 %..90 % window
     i_lo = max(i for i, (t, _, _) in enumerate(cpu) if t <= t_lo)
     i_hi = min(i for i, (t, _, _) in enumerate(cpu) if t >= t_hi)
@@ -399,6 +478,13 @@ def summarize(arm: str, n_nodes: int, n_pods: int, series: Sequence[tuple[float,
         out["extender_handler_ms"] = {
             verb: _ms(sm.histogram(ext, EXTENDER_S, {"verb": verb}).mean)
             for verb in ("filter", "prioritize", "bind")}
+        # the extender's own counts, over both phases
+        out["extender_calls"] = {
+            verb: sm.histogram(ext, EXTENDER_S, {"verb": verb}).count
+            for verb in ("filter", "prioritize", "bind")}
+        out["bind_refusals"] = {
+            s.labels["reason"]: s.value for s in ext
+            if s.name == "sharegpu_extender_failures_total" and s.labels.get("verb") == "bind"}
     return out
 
 
@@ -456,16 +542,21 @@ def table(results: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for n in sorted({r["nodes"] for r in results}):
         row: dict[str, Any] = {"nodes": n}
-        for arm in ARMS:
+        for arm in ALL_ARMS:
             rows = [r for r in results if r["nodes"] == n and r["arm"] == arm]
+            if not rows:
+                continue
             row[arm] = {"runs": len(rows), "pods_per_s_each": [r["pods_per_s"] for r in rows]}
             for _, path, _ in COLUMNS:
                 if all(path.split(".")[0] in r for r in rows) and rows:
                     row[arm][path] = statistics.median(_get(r, path) for r in rows)
-        w, wo = row["with"], row["without"]
-        row["ratio_with_without"] = {
-            path: round(w[path] / wo[path], 2) if wo.get(path) and path in w else None
-            for _, path, _ in COLUMNS}
+        wo = row["without"]
+        for arm in ("with", "before"):
+            if arm in row:
+                w = row[arm]
+                row[f"ratio_{arm}_without"] = {
+                    path: round(w[path] / wo[path], 2) if wo.get(path) and path in w else None
+                    for _, path, _ in COLUMNS}
         out.append(row)
     return out
 
@@ -498,14 +589,24 @@ def print_report(results: Sequence[Mapping[str, Any]], summary: Sequence[Mapping
     print("| nodes | " + " | ".join(c for c, _, _ in COLUMNS) + " |", file=out)
     print("|---" * (len(COLUMNS) + 1) + "|", file=out)
     for row in summary:
-        w, wo, q = row["with"], row["without"], row["ratio_with_without"]
-        cells = []
-        for _, path, fmt in COLUMNS:
-            if path in w and path in wo:
-                cells.append(f"{w[path]:{fmt}} / {wo[path]:{fmt}} (×{q[path]})")
-            else:
-                cells.append("—")
-        print(f"| {row['nodes']:,} | " + " | ".join(cells) + " |", file=out)
+        for arm in ("with", "before"):
+            if arm not in row:
+                continue
+            w, wo, q = row[arm], row["without"], row[f"ratio_{arm}_without"]
+            cells = []
+            for _, path, fmt in COLUMNS:
+                if path in w and path in wo:
+                    cells.append(f"{w[path]:{fmt}} / {wo[path]:{fmt}} (×{q[path]})")
+                else:
+                    cells.append("—")
+            print(f"| {row['nodes']:,} {arm} | " + " | ".join(cells) + " |", file=out)
+    print("\nper run: extender calls, sharegpu's API writes per pod, bind refusals, pods bound "
+          "against kube-scheduler's scheduled count:", file=out)
+    for r in results:
+        print(f"{r['nodes']:>6} nodes, round {r['round']}, {r['arm']:<7}: calls "
+              f"{r.get('extender_calls', {})}; writes/pod {r['api_writes_per_pod']}; refused "
+              f"binds {r.get('bind_refusals', {})}; bound {r['pods_bound']} / scheduled "
+              f"{r['scheduled_counter']:.0f}", file=out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -548,6 +649,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="set kube-scheduler's clientConnection qps (and burst) in both arms; "
                         "default: the chart's configuration, i.e. kube-scheduler's defaults "
                         "(qps 50, burst 100)")
+    p.add_argument("--policy", default="",
+                   help="the chart's placement.policy for the extender (default: the chart's)")
+    p.add_argument("--before-src", type=Path,
+                   help="a checkout of another sharegpu (e.g. `git worktree add ../before "
+                        "main`): a third arm, ``before``, runs its extender with its chart")
     p.add_argument("--json", type=Path, help="also write every figure to this file")
     a = p.parse_args(argv)
     if a.nodes != sorted(a.nodes):
@@ -580,14 +686,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{n} nodes ({n - have} created in {took:.1f}s)", file=sys.stderr)
             have = n
             for rnd in range(a.rounds):
-                for arm in (ARMS if rnd % 2 == 0 else ARMS[::-1]):
+                arms = ALL_ARMS if a.before_src else ARMS
+                for arm in (arms if rnd % 2 == 0 else arms[::-1]):
                     r = bench.run_arm(arm, n, pods_for[n], seed=rnd)
                     r["round"] = rnd
                     results.append(r)
+                    if a.json:  # every run as it ends: a later failure keeps them
+                        a.json.write_text(json.dumps({"meta": meta, "runs": results},
+                                                     indent=2) + "\n")
                     print(f"  {n} nodes, round {rnd}, {arm:<7}: {r['pods_per_s']:.1f} pods/s, "
                           f"attempt p99 {r['attempt_ms']['p99']:.1f} ms, mean "
                           f"{r['attempt_ms']['mean']:.2f} ms, failed attempts "
-                          f"{r.get('failed_attempts_with_paced', r['failed_attempts'])}",
+                          f"{r.get('failed_attempts_with_paced', r['failed_attempts'])}, bound "
+                          f"{r['pods_bound']}, scheduled {r['scheduled_counter']:.0f}",
                           file=sys.stderr)
         bench.rbac.delete()
     except (BenchError, ControlPlaneError, WAIT_FAILED) as e:

@@ -79,7 +79,7 @@ class Outcome:
 
 
 class Driver:
-    """filter → prioritize → bind for each pod, ``workers`` pods in flight, sending to whichever
+    """filter → prioritize (when more than one node passed) → bind for each pod, ``workers`` pods in flight, sending to whichever
     replica reports ready (as a Service in front of the replicas would)."""
 
     def __init__(self, urls: Callable[[], Sequence[str]], node_names: list[str],
@@ -134,12 +134,15 @@ class Driver:
             if not passed:
                 self.out.unschedulable.add(key)
                 return
-            pr = await self._post(s, "prioritize", {"Pod": pod, "NodeNames": passed})
-            # kube-scheduler: extender score × weight plus its own scores; ties at random;
-            # hosts left out of the answer score 0
-            top = max((h["Score"] for h in pr), default=0)
-            best = [h["Host"] for h in pr if h["Score"] == top] if top else passed
-            node = self.rng.choice(best)
+            if len(passed) == 1:  # kube-scheduler: one feasible node is used, unscored
+                node = passed[0]
+            else:
+                pr = await self._post(s, "prioritize", {"Pod": pod, "NodeNames": passed})
+                # kube-scheduler: extender score × weight plus its own scores; ties at
+                # random; hosts left out of the answer score 0
+                top = max((h["Score"] for h in pr), default=0)
+                best = [h["Host"] for h in pr if h["Score"] == top] if top else passed
+                node = self.rng.choice(best)
             b = await self._post(s, "bind", {"PodName": m["name"], "PodNamespace": m["namespace"],
                                              "PodUID": m["uid"], "Node": node})
             if not b.get("Error"):

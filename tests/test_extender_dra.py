@@ -374,8 +374,13 @@ def test_the_http_filter_answers_dra_pods_and_never_fails_on_bad_ones():
         return json.loads(resp.body)
 
     got = ask(pod("new", {"gpu": "new-gpu"}))
-    assert got["NodeNames"] == ["d3", "d4"]
+    # d3 and d4 fit: the answer is the policy's pick alone
+    assert len(got["NodeNames"]) == 1 and got["NodeNames"][0] in ("d3", "d4")
+    assert not v.inflight and len(v.picks) == 0
     assert "the largest GPU has 15" in got["FailedAndUnresolvableNodes"]["d1"]
+    v.graded = True  # graded scores: every passing node
+    assert ask(pod("new", {"gpu": "new-gpu"}))["NodeNames"] == ["d3", "d4"]
+    v.graded = False
     assert got["FailedAndUnresolvableNodes"]["dp"] == NOT_IN_POOL
     for bad in ([1], [{"name": ["x"], "resourceClaimTemplateName": "t"}], "x"):
         p = pod("new", {"gpu": "new-gpu"})

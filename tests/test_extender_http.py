@@ -45,8 +45,11 @@ class Env:
         _, f = await self.post("filter", {"Pod": pod, "NodeNames": NAMES})
         if not f["NodeNames"]:
             return "", "unschedulable"
-        _, pr = await self.post("prioritize", {"Pod": pod, "NodeNames": f["NodeNames"]})
-        node = max(pr, key=lambda h: h["Score"])["Host"]
+        if len(f["NodeNames"]) == 1:  # kube-scheduler asks no scores then
+            node = f["NodeNames"][0]
+        else:
+            _, pr = await self.post("prioritize", {"Pod": pod, "NodeNames": f["NodeNames"]})
+            node = max(pr, key=lambda h: h["Score"])["Host"]
         m = pod["metadata"]
         _, b = await self.post("bind", {"PodName": m["name"], "PodNamespace": m["namespace"],
                                         "PodUID": m["uid"], "Node": node})
@@ -98,7 +101,8 @@ def test_full_node_objects_in_and_out() -> None:
         status, f = await env.post("filter", {"Pod": kobjects.pod("x", mem=4),
                                               "Nodes": {"items": NODES}, "NodeNames": None})
         assert status == 200 and f["NodeNames"] is None
-        assert [n["metadata"]["name"] for n in f["Nodes"]["items"]] == ["a", "b"]
+        # the policy's pick alone (both a and b fit)
+        assert [n["metadata"]["name"] for n in f["Nodes"]["items"]] == ["a"]
         assert set(f["FailedAndUnresolvableNodes"]) == {"c"}
 
     run([], body)
@@ -129,33 +133,34 @@ def test_failed_write_releases_the_reservation_and_reports_the_error() -> None:
 
     async def body(env: Env) -> None:
         before = env.view.fingerprint()
-        env.api.fail_writes = 1  # the annotation patch fails with 500
+        env.api.fail_writes = 1  # the binding fails with 500
         node, err = await env.schedule(pod)
         assert "500" in err and "injected" in err
         assert env.view.fingerprint() == before and not env.view.inflight
-        # a conflicting change of the pod since it was read: 409, released too
-        real = env.api.patch_pod_annotations
+        # a conflicting change of the pod since it was read, each time: 409, released too
+        real = env.api.bind
 
-        async def racing(ns: str, name: str, anns: Any, rv: str) -> Any:
+        async def racing(*a: Any, **kw: Any) -> Any:
             env.api.pods["default/p"]["metadata"]["resourceVersion"] = "999"
-            return await real(ns, name, anns, rv)
+            return await real(*a, **kw)
 
-        env.api.patch_pod_annotations = racing  # type: ignore[method-assign]
+        env.api.bind = racing  # type: ignore[method-assign]
         node, err = await env.schedule(pod)
         assert "409" in err and env.view.fingerprint() == before
-        env.api.patch_pod_annotations = real  # type: ignore[method-assign]
+        assert not [k for k, _ in env.api.bindings if k == "default/p"] and not env.view.inflight
+        env.api.bind = real  # type: ignore[method-assign]
         env.api.fail_writes = 0
-        # the binding POST fails after the patch: released, then kube-scheduler's retry works
+        # the binding POST fails: released, then kube-scheduler's retry works
         calls = {"n": 0}
         real_bind = env.api.bind
 
-        async def failing_bind(*a: Any) -> Any:
+        async def failing_bind(*a: Any, **kw: Any) -> Any:
             calls["n"] += 1
             if calls["n"] == 1:
                 from sharegpu.extender.kube import ApiError
 
                 raise ApiError(500, "InternalError", "etcd timeout")
-            return await real_bind(*a)
+            return await real_bind(*a, **kw)
 
         env.api.bind = failing_bind  # type: ignore[method-assign]
         node, err = await env.schedule(pod)
@@ -172,8 +177,8 @@ def test_binding_made_despite_an_error_is_kept() -> None:
     async def body(env: Env) -> None:
         real_bind = env.api.bind
 
-        async def lost_answer(*a: Any) -> Any:
-            await real_bind(*a)
+        async def lost_answer(*a: Any, **kw: Any) -> Any:
+            await real_bind(*a, **kw)
             from sharegpu.extender.kube import ApiError
 
             raise ApiError(504, "Timeout", "answer lost")

@@ -148,3 +148,18 @@ def test_no_percent_sign_reaches_kube_scheduler():
         assert b"%" not in body
     out = json.loads(filter_result_json(args, ["a"], failed, {}))
     assert out["FailedNodes"]["b"] == "insufficient GPU compute: needs 30 percent on 1 GPU(s)"
+
+
+def test_reasons_are_encoded_once_each_and_made_go_safe() -> None:
+    import json
+
+    from sharegpu.extender import wire
+
+    reasons = {f"n{i}": ("needs 10% on one GPU" if i % 2 else 'a "quoted" reason')
+               for i in range(6)}
+    got = wire.reasons_json(reasons)
+    assert got is not None
+    assert json.loads(got) == {k: wire.go_safe(v) for k, v in reasons.items()}
+    assert b"%" not in got
+    assert wire.reasons_json({}) == b"{}"
+    assert wire.reasons_json({'odd"name': "x"}) is None  # the caller encodes it in full

@@ -100,13 +100,22 @@ class MemoryApi(KubeApi):
         meta["resourceVersion"] = self._next_rv()
         return _fresh(p)
 
-    async def bind(self, namespace: str, name: str, uid: str, node: str) -> Any:
+    async def bind(self, namespace: str, name: str, uid: str, node: str,
+                   annotations: Mapping[str, str] | None = None,
+                   resource_version: str = "") -> Any:
+        """As kube-apiserver's Binding: uid and resourceVersion preconditions, then
+        ``nodeName`` and the annotations in one update."""
         p = self._pod(namespace, name)
         self._fault()
-        if uid and p["metadata"].get("uid") and uid != p["metadata"]["uid"]:
+        meta = p["metadata"]
+        if uid and meta.get("uid") and uid != meta["uid"]:
             raise ApiError(409, "Conflict", "uid precondition failed")
+        if resource_version and resource_version != meta["resourceVersion"]:
+            raise ApiError(409, "Conflict", "the object has been modified")
         if p["spec"].get("nodeName"):
             raise ApiError(409, "Conflict", f"pod {name} is already assigned to a node")
+        if annotations:
+            meta.setdefault("annotations", {}).update(annotations)
         p["spec"]["nodeName"] = node
         p["metadata"]["resourceVersion"] = self._next_rv()
         self.bindings.append((f"{namespace}/{name}", node))

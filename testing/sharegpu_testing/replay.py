@@ -7,7 +7,7 @@ the extender's node order is the simulator's per-seed order (ties go to the same
 pods: the simulator's stream for the seed, one at a time. A GPU pod asks for its share as
 ``aliyun.com/gpu-mem`` (and ``gpu-count``) and for its CPU and memory, written in the ways
 kube-scheduler counts alike (one container; a container plus pod overhead; a container plus a
-larger init container; two containers, one a sidecar), and goes filter → prioritize → bind.
+larger init container; two containers, one a sidecar), and goes filter → (prioritize) → bind.
 kube-scheduler's own filters run before the extender's: the driver sends only the nodes whose
 free CPU and memory (allocatable minus the requests of the pods bound there) admit the pod, as
 its NodeResourcesFit does. A pod without GPUs is placed by kube-scheduler, not by the
@@ -237,8 +237,9 @@ async def _caught_up(replica: Replica, fake: FakeApiServer) -> None:
 
 async def _schedule(s: aiohttp.ClientSession, url: str, fake: FakeApiServer,
                     pod: dict[str, Any], node_names_: list[str]) -> str | None:
-    """kube-scheduler's scheduling and binding cycles for one GPU pod: filter, prioritize,
-    the best total score, bind. The node, or None when no node passed."""
+    """kube-scheduler's scheduling and binding cycles for one GPU pod: filter, prioritize
+    when more than one node passed (the best total score), bind. The node, or None when no
+    node passed."""
     stored = fake.create(pod)
     async with s.post(f"{url}/filter", json={"Pod": stored, "NodeNames": node_names_}) as r:
         f = await r.json()
@@ -247,11 +248,14 @@ async def _schedule(s: aiohttp.ClientSession, url: str, fake: FakeApiServer,
     passed = f.get("NodeNames") or []
     if not passed:
         return None
-    async with s.post(f"{url}/prioritize", json={"Pod": stored, "NodeNames": passed}) as r:
-        pr = await r.json()
-    scores = {h["Host"]: h["Score"] for h in pr}
-    # the extender's weight makes its 10 win over kube-scheduler's own scores
-    node = max(passed, key=lambda n: scores.get(n, 0))
+    if len(passed) == 1:  # kube-scheduler uses the one feasible node, unscored
+        node = passed[0]
+    else:
+        async with s.post(f"{url}/prioritize", json={"Pod": stored, "NodeNames": passed}) as r:
+            pr = await r.json()
+        scores = {h["Host"]: h["Score"] for h in pr}
+        # the extender's weight makes its 10 win over kube-scheduler's own scores
+        node = max(passed, key=lambda n: scores.get(n, 0))
     m = stored["metadata"]
     async with s.post(f"{url}/bind", json={"PodName": m["name"], "PodNamespace": m["namespace"],
                                            "PodUID": m["uid"], "Node": node}) as r:

@@ -93,13 +93,14 @@ class Report:
 
 
 def render_chart(release: str, namespace: str,
-                 values: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+                 values: Mapping[str, str] | None = None,
+                 chart: Path | None = None) -> list[dict[str, Any]]:
     """``helm template RELEASE charts/sharegpu -n NAMESPACE`` (a release name of its own keeps
-    the cluster-scoped names of two tests apart)."""
+    the cluster-scoped names of two tests apart); ``chart``: another copy of the chart."""
     sets: list[str] = []
     for k, v in (values or {}).items():
         sets += ["--set", f"{k}={v}"]
-    out = helm(None, "template", release, str(CHART), "-n", namespace,
+    out = helm(None, "template", release, str(chart or CHART), "-n", namespace,
                "--kube-version", "1.37.2", *sets)
     return [d for d in yaml.safe_load_all(out) if d]
 
@@ -254,9 +255,11 @@ class LocalExtender:
 
 
 def start_extender(cp: ControlPlane, docs: Sequence[Mapping[str, Any]], identity: str,
-                   kubeconfig: Path, port: int | None = None) -> LocalExtender:
+                   kubeconfig: Path, port: int | None = None,
+                   env: Mapping[str, str] | None = None) -> LocalExtender:
     """``sharegpu extender`` as the chart's Deployment runs it, on 127.0.0.1, serving the
-    chart's certificate over TLS; ready (/readyz on the metrics port)."""
+    chart's certificate over TLS; ready (/readyz on the metrics port). ``env``: more of its
+    environment (``PYTHONPATH``: another copy of sharegpu)."""
     port = port or free_port()
     metrics = free_port()
     tls = write_tls(cp.workdir / f"extender-tls-{identity}", extender_tls_secret(docs))
@@ -273,7 +276,8 @@ def start_extender(cp: ControlPlane, docs: Sequence[Mapping[str, Any]], identity
     assert server_name and f"--tls-cert={tls}/tls.crt" in args, args
     args.append(f"--kubeconfig={kubeconfig}")
     proc = SharegpuProcess(cp, f"extender-{identity}", args,
-                           env={"POD_NAME": identity, "POD_IP": "127.0.0.1"}).start()
+                           env={"POD_NAME": identity, "POD_IP": "127.0.0.1",
+                                **(env or {})}).start()
     ext = LocalExtender(proc, f"https://127.0.0.1:{port}", f"http://127.0.0.1:{metrics}",
                         (tls / "ca.crt").read_text(), server_name)
     proc.wait_http(ext.metrics_url + "/readyz", timeout=60)

@@ -173,6 +173,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds a bind waits for pods starting on its node that the kubelet "
                         "could not tell from it (docs/architecture.md, 'Starting pods'); keep "
                         "it below the scheduler's extender httpTimeout (default 5)")
+    p.add_argument("--bind-timeout", type=positive_float, default=7.0,
+                   help="seconds a bind may take to create the pod's binding; past it the bind "
+                        "gives up without binding (kube-scheduler has counted it failed and "
+                        "places the pod again); keep it below the scheduler's extender "
+                        "httpTimeout and above --start-wait (default 7)")
     p.add_argument("--dra", action="store_true",
                    help="DRA mode (docs/dra.md): watch resource.k8s.io/v1 ResourceSlices and "
                         "ResourceClaims and rank DRA pods (the chart sets it with "
@@ -243,7 +248,8 @@ async def _serve(args: argparse.Namespace) -> int:
                       advertise_url=advertise_url(args.advertise_url, port, ctx is not None),
                       http_limits={"max_body": max_body_bytes(args.max_body_mib)},
                       forward_tls=tls.peer, forward_server_name=tls.server_name,
-                      start_wait=args.start_wait, dra=args.dra)
+                      start_wait=args.start_wait, bind_timeout=args.bind_timeout,
+                      dra=args.dra)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

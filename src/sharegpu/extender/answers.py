@@ -20,6 +20,7 @@ from ..placement.rowmemo import unique_keys
 from ..request import PodRequest
 from ..state import _KIND_MODES, _MODE_CODES, ClusterState, Reservation, without_host
 from .cache import UNKNOWN_NODE
+from .picks import HeldPicks
 
 
 def request_key(req: PodRequest) -> tuple[Any, ...]:
@@ -34,8 +35,10 @@ class SchedulingAnswers:
     """The answers of :class:`~.view.ClusterView` (the cache's attributes come from
     :class:`~.cache.ClusterCache`)."""
 
-    def _init_answers(self, graded: bool) -> None:
+    def _init_answers(self, graded: bool, picks: HeldPicks | None = None) -> None:
         self.graded = graded  # prioritize scores every feasible node, not only the pick
+        # the picks filter answered with, held in flight until their binds (:mod:`.picks`)
+        self.picks = picks if picks is not None else HeldPicks()
         self._reasons: OrderedDict[tuple[Any, ...], dict[int, tuple[int, str]]] = OrderedDict()
         self._empty_ok: dict[tuple[Any, ...], tuple[int, np.ndarray]] = {}
         # per request shape: the state it was computed on, the mask, each node's version then
@@ -65,6 +68,9 @@ class SchedulingAnswers:
         """(passing names, failed {name: reason}, unresolvable {name: reason})."""
         if not req.wants_gpu:
             return list(names), {}, {}
+        self.expire_picks()
+        # filtered again (kube-scheduler retries it): what was held for it is free again
+        self._drop_pick(req.key)
         self.maybe_refresh_workload()
         slots = self.slots(names)
         known = slots >= 0
@@ -206,7 +212,75 @@ class SchedulingAnswers:
                 ok &= (st.gpu_exists[:n] & (st.gpu_total[:n] >= c.gpu_mem)).sum(axis=1) >= c.gpus
         return ok
 
+    # -- the policy's pick, held ---------------
+    def pick(self, req: PodRequest, names: list[str], *, hold: bool) -> str | None:
+        """The node among ``names`` (nodes that passed filter) the policy picks, the one
+        prioritize would score 10; None when none is feasible. With ``hold``, the pod's GPUs
+        there are chosen and held in flight (:mod:`.picks`) until its bind confirms them,
+        so the next pod's filter sees them taken."""
+        if not names:
+            return None
+        p_names, p_slots, p_version = self._passed
+        if names is p_names and p_version == self._nodes_version:
+            slots = p_slots  # the filter's own answer: its slots are known
+        else:
+            slots = self.slots(names)
+        best = self._best(req, slots)
+        if best is None:
+            return None
+        node = names[int(np.flatnonzero(slots == best)[0])]
+        if hold and self.picks.may_hold():
+            try:
+                self.reserve(req, node)
+            except PlacementError:  # the bind finds (and reports) the same
+                return node
+            self.picks.hold(req.key, node)
+        return node
+
+    def held_pick(self, key: str) -> str | None:
+        """The node held for ``key`` since its filter, if any."""
+        return self.picks.node(key) if key in self.inflight else None
+
+    def expire_picks(self) -> list[str]:
+        """Give back every pick whose timeout passed; their keys."""
+        keys = self.picks.expired()
+        for key in keys:
+            self._release_held(key)
+        return keys
+
+    def drop_picks(self, node: str | None = None) -> list[str]:
+        """Give back every pick held (on ``node`` only, when given); their keys."""
+        keys = self.picks.keys() if node is None else self.picks.on_node(node)
+        for key in keys:
+            self._drop_pick(key)
+        return keys
+
+    def _drop_pick(self, key: str) -> None:
+        if self.picks.take(key) is not None:
+            self._release_held(key)
+
+    def _release_held(self, key: str) -> None:
+        if self._change_logs:
+            self._touch(key)
+        self.starting.discard(key)
+        if self.inflight.pop(key, None) is not None and key in self.state.pods:
+            self.scheduler.release(key)
+
+    def _best(self, req: PodRequest, slots: np.ndarray) -> int | None:
+        """The slot the policy picks among the feasible ones of ``slots`` (in their order)."""
+        known = slots[slots >= 0]
+        nodes = known[self.feasible_at(req, known)]
+        if len(nodes) == 0:
+            return None
+        scores = self.scores(req, nodes)
+        if self.policy.integer_scores:
+            scores = np.floor(scores)
+        return self.scheduler.pick(nodes, scores)
+
     def _prioritize(self, req: PodRequest, names: list[str], slots: np.ndarray) -> dict[str, int]:
+        held = self.held_pick(req.key)
+        if held is not None:  # its GPUs are held there: the state counts them already
+            return {n: 10 if n == held else 0 for n in names}
         known = slots[slots >= 0]
         nodes = known[self.feasible_at(req, known)]
         if len(nodes) == 0:
@@ -256,6 +330,13 @@ class SchedulingAnswers:
         """Choose GPUs on ``node`` with the core policy and hold them, in flight. Raises
         PlacementError with the one clear reason when the pod does not fit there (any more)."""
         key = req.key
+        self.expire_picks()
+        held = self.picks.take(key)
+        if held is not None:
+            r = self.inflight.get(key)
+            if held == node and r is not None and r.request.uid == req.uid:
+                return r  # the bind confirms what its filter held
+            self._release_held(key)  # chosen elsewhere: reserved afresh below
         i = self.state.index.get(node)
         if i is None:
             raise PlacementError(f"{key} on {node}: {UNKNOWN_NODE}")
@@ -277,6 +358,7 @@ class SchedulingAnswers:
         return r
 
     def release_inflight(self, key: str) -> None:
+        self.picks.take(key)
         if self._change_logs:
             self._touch(key)
         self.starting.discard(key)

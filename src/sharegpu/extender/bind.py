@@ -1,27 +1,36 @@
-"""Bind: reserve GPUs with the core, record them on the pod, then create the binding.
+"""Bind: reserve GPUs with the core, then create the binding that records them on the pod.
 
-Order, under a per-node lock:
-1. read the pod (its uid, whether it is already bound, its resourceVersion);
-2. choose GPUs with the core's policy and hold them in the view (in flight);
+Order (the reservation and the starting-pods check each happen in one step of the event loop,
+so binds to one node need no lock and one waiting for the kubelet holds up no other):
+1. read the pod (its uid, whether it is already bound, its resourceVersion), or take what
+   filter saw of it (:meth:`Binder.hint`);
+2. choose GPUs with the core's policy and hold them in the view (in flight), or confirm what
+   filter held for the pod (:mod:`.picks`);
 3. wait, at most ``start_wait`` seconds, until no pod starting on the node asks the kubelet for
    the same devices with another placement (:mod:`sharegpu.startingpods`: the kubelet's device
    plugin calls name no pod, so such pods could get each other's GPUs); the pod counts as
    starting from here on;
-4. write the annotations of both generations with a resourceVersion precondition;
-5. create the binding (a raw POST; the API server answers with a ``Status``).
+4. create the binding: one write, a raw POST whose metadata carries the decision's annotations
+   of both generations and the pod's uid and resourceVersion as preconditions, so that
+   kube-apiserver sets ``nodeName`` and the annotations in one update, or refuses (409) a pod
+   that changed since it was read.
 A pod that a ResourcePolicy selects also gets its unit checked and counted at 2 and the unit's
-labels and annotations in the patch of 4 (:mod:`.resourcepolicies`); a pod without GPUs (sent by
-the co-scheduler profile for its ResourcePolicy) skips 2 and 3 and, without a policy, 4.
-Any failure after 2 releases the hold and answers an ``Error``, so kube-scheduler retries. A
-binding that failed on the wire may still have been made: the pod is read back before the hold is
-given up. A bind for a pod already bound to the same node is answered as a success.
+annotations in the binding (its labels, which a Binding carries only where kube-apiserver's
+PodTopologyLabelsAdmission is on, in a patch before it) (:mod:`.resourcepolicies`); a pod
+without GPUs (sent by the co-scheduler profile for its ResourcePolicy) skips 2 and 3.
+A bind has ``bind_timeout`` seconds (below kube-scheduler's ``httpTimeout``) to create the
+binding: past it, it gives up without writing, as kube-scheduler has counted it failed and will
+place the pod again. Any failure after 2 releases the hold and answers an ``Error``, so
+kube-scheduler retries. A binding that failed on the wire may still have been made: the pod is
+read back before the hold is given up. A bind for a pod already bound to the same node is
+answered as a success.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -64,16 +73,20 @@ class Binder:
 
     def __init__(self, api: KubeApi, view: Callable[[], ClusterView],
                  may_bind: Callable[[], bool] = lambda: True, hints: int = 10000,
-                 units: ResourcePolicies | None = None, start_wait: float = 5.0) -> None:
+                 units: ResourcePolicies | None = None, start_wait: float = 5.0,
+                 bind_timeout: float = 7.0) -> None:
         self.api = api
         self.units = units
         self.start_wait = start_wait  # seconds a bind waits for look-alike pods to start
+        # seconds a bind may take to create the binding (kube-scheduler gives up at its
+        # httpTimeout and places the pod again: no binding may land after that)
+        self.bind_timeout = bind_timeout
         self.view = view
         self.may_bind = may_bind
-        self.locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._seen: OrderedDict[str, _Seen] = OrderedDict()
         self._hints = hints
         self.reads = 0  # pods read back from the API server (for tests and metrics)
+        self.writes = 0  # pod writes made (bindings and patches, for tests and metrics)
 
     def hint(self, pod: Mapping[str, Any], req: PodRequest) -> None:
         meta = pod.get("metadata") or {}
@@ -110,6 +123,7 @@ class Binder:
     async def bind(self, args: BindingArgs) -> BindOutcome:
         if not self.may_bind():
             raise BindError("not-leader", "this sharegpu extender replica is not the leader")
+        deadline = time.monotonic() + self.bind_timeout
         seen = self._seen.pop(args.key, None)
         if seen is not None and (not args.pod_uid or seen.uid == args.pod_uid):
             placed = self.view().placed.get(args.key)
@@ -119,70 +133,96 @@ class Binder:
                 raise BindError("bound-elsewhere",
                                 f"pod {args.key} is already bound to {placed[1]}")
             out = await self._bind(args, seen.request, seen.uid, seen.resource_version,
-                                   hinted=True)
+                                   hinted=True, deadline=deadline)
             if out is not None:
                 return out
         got = await self._read(args)
         if isinstance(got, BindOutcome):
             return got
-        out = await self._bind(args, *got, hinted=False)
+        out = await self._bind(args, *got, hinted=False, deadline=deadline)
         assert out is not None
         return out
 
     async def _bind(self, args: BindingArgs, req: PodRequest, uid: str, rv: str,
-                    hinted: bool) -> BindOutcome | None:
-        """Reserve, annotate, bind. ``None`` when a hinted resourceVersion turned out stale
-        (nothing held any more: start over from a fresh read)."""
+                    hinted: bool, deadline: float) -> BindOutcome | None:
+        """Reserve, bind with the annotations. ``None`` when a hinted resourceVersion turned
+        out stale (nothing held any more: start over from a fresh read)."""
         path = f"/api/v1/namespaces/{args.pod_namespace}/pods/{args.pod_name}"
         if not req.wants_gpu:
-            return await self._bind_plain(args, req, uid, rv, path)
-        async with self.locks[args.node]:
-            view = self.view()
-            claim = self._claim(args, req)
-            try:
-                r = view.reserve(req, args.node)
-            except PlacementError as e:
-                self._unclaim(args)
-                raise BindError("no-fit", str(e)) from None
-            try:
-                await self._wait_distinct(req, r)
-                st = self.view().state
-                anns = encode(r.alloc, assume_time_ns=time.time_ns(),
-                              gpu_capacity=st.gpu_capacity(args.node))
-                if claim is not None:
-                    anns = {**anns, **claim.annotations}
-                try:
-                    await self.api.patch_pod_annotations(
-                        args.pod_namespace, args.pod_name, anns, rv, **_labels(claim))
-                except ApiError as e:
-                    if hinted and e.status == 409:
-                        self.view().release_inflight(req.key)
-                        self._unclaim(args)
-                        return None
-                    raise
-                if not self.may_bind():
-                    raise BindError("not-leader", "lost the leader lease before binding")
-                await self.api.bind(args.pod_namespace, args.pod_name, args.pod_uid or uid,
-                                    args.node)
-            except BaseException as e:
-                if isinstance(e, ApiError | BindError) and await self._bound_anyway(path, args):
-                    self.view().bound(req.key)
-                    return BindOutcome(args.node, r.alloc.gpus)
+            return await self._bind_plain(args, req, uid, rv, path, deadline)
+        return await self._bind_gpus(args, req, uid, rv, hinted, deadline, path)
+
+    async def _bind_gpus(self, args: BindingArgs, req: PodRequest, uid: str, rv: str,
+                         hinted: bool, deadline: float, path: str) -> BindOutcome | None:
+        view = self.view()
+        claim = self._claim(args, req)
+        try:
+            r = view.reserve(req, args.node)
+        except PlacementError as e:
+            self._unclaim(args)
+            raise BindError("no-fit", str(e)) from None
+        try:
+            await self._wait_distinct(req, r, deadline)
+            st = self.view().state
+            anns = encode(r.alloc, assume_time_ns=time.time_ns(),
+                          gpu_capacity=st.gpu_capacity(args.node))
+            if claim is not None:
+                anns = {**anns, **claim.annotations}
+                if claim.labels:
+                    rv = await self._patch_labels(args, claim, rv)
+            if not self.may_bind():
+                raise BindError("not-leader", "lost the leader lease before binding")
+            await self._post_binding(args, args.pod_uid or uid, anns, rv, deadline)
+        except BaseException as e:
+            if isinstance(e, ApiError) and hinted and e.status == 409 \
+                    and not await self._bound_anyway(path, args):
+                # the pod changed since filter saw it: start over from a fresh read
                 self.view().release_inflight(req.key)
                 self._unclaim(args)
-                if isinstance(e, BindError):
-                    raise
-                if isinstance(e, ApiError):
-                    raise BindError(f"api-{e.status}", f"binding {args.key} failed: {e}") from None
+                return None
+            if isinstance(e, ApiError | BindError) and await self._bound_anyway(path, args):
+                self.view().bound(req.key)
+                return BindOutcome(args.node, r.alloc.gpus)
+            self.view().release_inflight(req.key)
+            self._unclaim(args)
+            if isinstance(e, BindError):
                 raise
-            self.view().bound(req.key)
-            return BindOutcome(args.node, r.alloc.gpus)
+            if isinstance(e, ApiError):
+                raise BindError(f"api-{e.status}", f"binding {args.key} failed: {e}") from None
+            raise
+        self.view().bound(req.key)
+        return BindOutcome(args.node, r.alloc.gpus)
 
-    async def _wait_distinct(self, req: PodRequest, r: Reservation) -> None:
+    async def _post_binding(self, args: BindingArgs, uid: str, annotations: Mapping[str, str],
+                            rv: str, deadline: float) -> None:
+        """The one write: the binding with the annotations, given up unanswered at
+        ``deadline`` (never sent past it)."""
+        left = _left(deadline)
+        if left <= 0:
+            raise BindError("timeout", f"{args.key}: not bound within {self.bind_timeout:g} s")
+        self.writes += 1
+        try:
+            async with asyncio.timeout(left):
+                await self.api.bind(args.pod_namespace, args.pod_name, uid, args.node,
+                                    annotations=annotations, resource_version=rv)
+        except TimeoutError:
+            raise BindError("timeout", f"{args.key}: the binding was not answered within "
+                            f"{self.bind_timeout:g} s") from None
+
+    async def _patch_labels(self, args: BindingArgs, claim: Claim, rv: str) -> str:
+        """The unit's labels (a Binding's labels reach the pod only where kube-apiserver's
+        PodTopologyLabelsAdmission is on); the pod's new resourceVersion."""
+        self.writes += 1
+        pod = await self.api.patch_pod_annotations(args.pod_namespace, args.pod_name, {}, rv,
+                                                   labels=claim.labels)
+        return str(((pod or {}).get("metadata") or {}).get("resourceVersion") or "")
+
+    async def _wait_distinct(self, req: PodRequest, r: Reservation, limit: float) -> None:
         """Return once no pod starting on the node is one the kubelet could not tell from this
-        one (then this pod counts as starting), or raise ``BindError`` after ``start_wait``.
-        The node's lock is held: no other bind adds a starting pod there meanwhile."""
-        deadline = time.monotonic() + self.start_wait
+        one (then this pod counts as starting), or raise ``BindError`` after ``start_wait``
+        (or at ``limit``, the bind's deadline). The check and the add are one step of the
+        event loop: no other bind adds a starting pod in between."""
+        deadline = min(time.monotonic() + self.start_wait, limit)
         delay = 0.01
         while True:
             starting = self.view().starting
@@ -210,18 +250,20 @@ class Binder:
             self.units.release(args.pod_namespace, args.pod_name)
 
     async def _bind_plain(self, args: BindingArgs, req: PodRequest, uid: str, rv: str,
-                          path: str) -> BindOutcome:
-        """A pod without GPUs: its ResourcePolicy's labels and annotations, then the
-        binding."""
+                          path: str, deadline: float) -> BindOutcome:
+        """A pod without GPUs: the binding, with its ResourcePolicy's annotations (and
+        labels)."""
         claim = self._claim(args, req)
         try:
+            anns: Mapping[str, str] = {}
             if claim is not None:
-                await self.api.patch_pod_annotations(args.pod_namespace, args.pod_name,
-                                                     claim.annotations, rv, **_labels(claim))
+                anns = claim.annotations
+                if claim.labels:
+                    rv = await self._patch_labels(args, claim, rv)
             if not self.may_bind():
                 raise BindError("not-leader", "lost the leader lease before binding")
-            await self.api.bind(args.pod_namespace, args.pod_name, args.pod_uid or uid,
-                                args.node)
+            await self._post_binding(args, args.pod_uid or uid, anns,
+                                     rv if claim is not None else "", deadline)
         except (ApiError, BindError) as e:
             if await self._bound_anyway(path, args):
                 return BindOutcome(args.node, ())
@@ -246,3 +288,7 @@ class Binder:
 def _labels(claim: Claim | None) -> dict[str, Any]:
     """The labels argument of the patch, only when a unit sets labels."""
     return {"labels": claim.labels} if claim is not None and claim.labels else {}
+
+
+def _left(deadline: float) -> float:
+    return deadline - time.monotonic()

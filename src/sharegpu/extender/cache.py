@@ -42,6 +42,7 @@ from ..scheduler import Scheduler
 from ..startingpods import StartingPods
 from ..state import ClusterState, NodeSpec, Reservation
 from .drastate import DraCache
+from .picks import HeldPicks
 from .reader import Placed, PlacementReader, _key
 from .workload import LearnedWorkload
 
@@ -56,6 +57,9 @@ class ClusterCache(DraCache, LearnedWorkload):
     """Nodes and pods as the view knows them: the state, what bound pods' annotations say,
     in-flight reservations, pods without a decision, the host ledger; rebuilt from lists
     (:meth:`reset`) and kept by watch events (``upsert_*``, ``delete_*``)."""
+
+    picks: HeldPicks  # which in-flight reservations are held filter picks (set by the view)
+    drop_picks: Callable[..., list[str]]  # gives them back (the view's answers)
 
     def __init__(self, policy: str = "default", *, workload_refresh: int = 50,
                  workload: TargetWorkload | None = None) -> None:
@@ -370,7 +374,14 @@ class ClusterCache(DraCache, LearnedWorkload):
     # -- pods ---------------
     def _hold(self, key: str, req: PodRequest, node: str, alloc: Allocation) -> None:
         try:
-            self.state.reserve(req, node, alloc, check_host=False)
+            try:
+                self.state.reserve(req, node, alloc, check_host=False)
+            except PlacementError:
+                # what a bound pod holds comes first: picks held on its node give way (their
+                # binds choose afresh)
+                if not self.drop_picks(node):
+                    raise
+                self.state.reserve(req, node, alloc, check_host=False)
             self.state.bind(key)
             self._count_shape(key, req, alloc)
         except PlacementError as e:
@@ -399,6 +410,12 @@ class ClusterCache(DraCache, LearnedWorkload):
         if self._change_logs:
             self._touch(key)
         self.dra_pod_event(key, obj)
+        if key in self.inflight and key in self.picks and (node_of(obj) or is_terminated(obj)):
+            # held since its filter, but bound by someone else (or ended): no longer ours
+            self.picks.take(key)
+            self.inflight.pop(key, None)
+            if key in self.state.pods:
+                self.scheduler.release(key)
         if key in self.inflight:
             # being bound: the binder holds it; but the node's agent may already have marked it
             # assigned (its kubelet started it) before the binding's answer came back
@@ -460,6 +477,7 @@ class ClusterCache(DraCache, LearnedWorkload):
         self._shape_of.pop(key, None)  # its shape stays in the history
         self.placed.pop(key, None)
         self.inflight.pop(key, None)
+        self.picks.take(key)
         self.starting.discard(key)
         self.unseen.pop(key, None)
         self._set_host(key, "")

@@ -394,6 +394,18 @@ class GangScheduling:
             return self.filter(req, names)  # its held node, as for any held pod
         return super().filter(req, names)  # type: ignore[misc]
 
+    def pick(self, req: PodRequest, names: list[str], *, hold: bool) -> str | None:
+        key = req.key
+        if key in self._held_by and key in self.inflight:
+            node = self.inflight[key].node
+            return node if node in names else None
+        if hold:
+            try:
+                hold = gang_labels(req.labels) is None  # a gang's pods: its own holds only
+            except ValidationError:
+                hold = False
+        return super().pick(req, names, hold=hold)  # type: ignore[misc]
+
     def prioritize(self, req: PodRequest, names: list[str]) -> dict[str, int]:
         key = req.key
         if key in self._held_by and key in self.inflight:

@@ -144,10 +144,21 @@ class KubeApi:
         return await self.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", body,
                                   content_type="application/merge-patch+json")
 
-    async def bind(self, namespace: str, name: str, uid: str, node: str) -> Any:
+    async def bind(self, namespace: str, name: str, uid: str, node: str,
+                   annotations: Mapping[str, str] | None = None,
+                   resource_version: str = "") -> Any:
+        """Create the pod's Binding. kube-apiserver sets ``nodeName`` and merges the Binding's
+        ``annotations`` into the pod in one update, refused with 409 unless the pod still has
+        ``uid`` and, when given, ``resource_version``."""
+        meta: dict[str, Any] = {"name": name, "namespace": namespace}
+        if uid:
+            meta["uid"] = uid
+        if resource_version:
+            meta["resourceVersion"] = resource_version
+        if annotations:
+            meta["annotations"] = dict(annotations)
         body = {
-            "apiVersion": "v1", "kind": "Binding",
-            "metadata": {"name": name, "namespace": namespace, **({"uid": uid} if uid else {})},
+            "apiVersion": "v1", "kind": "Binding", "metadata": meta,
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
         return await self.request("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding",

@@ -112,8 +112,15 @@ class Metrics:
         self.unannotated = Gauge("sharegpu_extender_unannotated_gpu_pods",
                                  "bound GPU pods without a scheduling decision, charged against "
                                  "every GPU of their node", registry=r)
+        self.held_picks = Gauge("sharegpu_extender_held_picks",
+                                "picks filter answered with, held until their binds", registry=r)
+        self.expired_picks = Gauge("sharegpu_extender_expired_picks",
+                                   "picks given up without their binds since the start (the "
+                                   "timeout passed)", registry=r)
         if view is not None:
             self.unannotated.set_function(lambda: len(view().unseen))
+            self.held_picks.set_function(lambda: len(view().picks))
+            self.expired_picks.set_function(lambda: view().picks.expired_total)
         self.view = view
 
     def decided(self, verb: str, result: str) -> None:

@@ -53,7 +53,8 @@ class Replica:
                  graded_scores: bool = False, advertise_url: str = "",
                  forward_timeout: float = 8.0, http_limits: dict[str, Any] | None = None,
                  forward_tls: ssl.SSLContext | None = None, forward_server_name: str = "",
-                 start_wait: float = 5.0, dra: bool = False) -> None:
+                 start_wait: float = 5.0, bind_timeout: float = 7.0,
+                 dra: bool = False) -> None:
         self.api = api
         self.identity = identity
         self.view = ClusterView(policy, graded=graded_scores)
@@ -78,11 +79,12 @@ class Replica:
         self.forwarded = 0  # binds passed on to the leader
         self._leader_synced = not elect
         self.binder = Binder(api, lambda: self.view, self.may_bind, units=self.units,
-                             start_wait=start_wait)
+                             start_wait=start_wait, bind_timeout=bind_timeout)
         self.events = EventRecorder(api, self.metrics, host=identity)
         self.view.on_unseen = self._unseen
         self.view.on_dra_unschedulable = self._dra_unschedulable
         self.view.gang_may_hold = self.may_bind  # only the binder holds a gang's GPU shares
+        self.view.picks.may_hold = self.may_bind  # and the picks its filter answered with
         self.podgroups = PodGroupWatch(api, self.view)
         self.service = ExtenderApp(self.view, self.binder, self.metrics, self.events,
                                    is_ready=self.is_ready, is_synced=self.is_ready,
@@ -127,6 +129,7 @@ class Replica:
         self._leader_synced = False
         if not leader:
             self.view.drop_gang_holds()
+            self.view.drop_picks()
         if leader:
             self._tasks.append(asyncio.get_running_loop().create_task(self._take_over()))
 

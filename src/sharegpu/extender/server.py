@@ -122,8 +122,20 @@ class ExtenderApp:
 
     # -- verbs ---------------
     def filter(self, request: Request) -> Response:
+        body: Any = None
+        parts = wire.split_names(request.body)
+        if parts is not None:  # kube-scheduler's form: the pod first, the names apart
+            try:
+                head = json.loads(parts[0])
+                quick = self._nothing_applies(head, parts[1]) if isinstance(head, dict) \
+                    else None
+                if quick is not None:
+                    return quick  # the names never decoded
+                body = {**head, "NodeNames": json.loads(parts[1])}
+            except (ValueError, RecursionError, TypeError):
+                body = None  # the whole body is decoded (and refused) below
         try:
-            args = wire.parse_args(self._body(request))
+            args = wire.parse_args(body if body is not None else self._body(request))
         except ValidationError as e:
             return self._bad("filter", e, wire.error_filter_result(str(e)))
         if not self.is_synced():
@@ -142,15 +154,25 @@ class ExtenderApp:
         passed, failed, unres = self.view.filter(scored, args.names)
         if self.units is not None:
             passed = self.units.restrict(args.pod, passed, unres)
+        if passed and scored.wants_gpu and not self.view.graded:
+            # the score is authoritative: answer with the policy's pick alone, so that
+            # kube-scheduler skips prioritize and its own scores; held until the bind (a DRA
+            # pod's devices are kube-scheduler's to allocate: nothing held for it)
+            pick = self.view.pick(scored, passed,
+                                  hold=self.binder is not None and scored is req)
+            if pick is not None:
+                passed = [pick]
         passed_json = wire.names_json(passed) if args.nodes is None else None
         if passed and scored.wants_gpu:
             if self.binder is not None:
                 self.binder.hint(args.pod, req)
             # kube-scheduler runs its own score plugins before it asks prioritize: score the
             # passing nodes meanwhile, once this answer is on its way
-            expected = (wire.prioritize_body(request.body, passed_json)
-                        if passed_json is not None else None)
-            asyncio.get_running_loop().call_soon(self._score_ahead, scored, passed, expected)
+            if self.view.graded:
+                expected = (wire.prioritize_body(request.body, passed_json)
+                            if passed_json is not None else None)
+                asyncio.get_running_loop().call_soon(self._score_ahead, scored, passed,
+                                                     expected)
         if scored.wants_gpu and not passed:
             from .events import summarize
 
@@ -160,6 +182,33 @@ class ExtenderApp:
         else:
             self.metrics.decided("filter", "ok")
         return Response(200, wire.filter_result_json(args, passed, failed, unres, passed_json))
+
+    def _nothing_applies(self, args: dict[str, Any], names: bytes) -> Response | None:
+        """The answer for a pod nothing of sharegpu applies to (no GPU, no ResourceClaim, no
+        ResourcePolicy selecting it: kube-scheduler sends every pod when the extender lists no
+        ``managedResources``): every node passes, answered with ``names``, the names' JSON
+        array as sent. None for any other pod."""
+        pod = args.get("Pod")
+        if not isinstance(pod, dict) or args.get("Nodes") is not None or not self.is_synced():
+            return None
+        spec, meta = pod.get("spec"), pod.get("metadata")
+        if not isinstance(spec, dict) or not isinstance(meta, dict) or spec.get("resourceClaims"):
+            return None
+        try:
+            req = self.view.reader.request(pod)
+        except ValidationError:
+            return None
+        if req.wants_gpu:
+            return None
+        if self.units is not None:
+            labels = meta.get("labels") or {}
+            if not isinstance(labels, dict) or self.units.policy_for(
+                    str(meta.get("namespace") or "default"), labels) is not None:
+                return None
+        if self.binder is not None:
+            self.binder.hint(pod, req)  # its bind needs no read back
+        self.metrics.decided("filter", "ok")
+        return Response(200, wire.pass_all_json(names))
 
     def prioritize(self, request: Request) -> Response:
         ahead = self._ahead

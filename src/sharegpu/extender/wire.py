@@ -158,12 +158,36 @@ def filter_result_json(
     names = passed_json if passed_json is not None else names_json(passed)
     if names is None:
         return _dumps(filter_result(args, passed, failed, unresolvable))
-    rest = _dumps({"FailedNodes": dict(failed),
-                   "FailedAndUnresolvableNodes": dict(unresolvable), "Error": ""})
-    if b"%" in rest:  # rare: one scan of the bytes keeps the common answer fast
+    f, u = reasons_json(failed), reasons_json(unresolvable)
+    if f is None or u is None:
         rest = _dumps({"FailedNodes": _safe_reasons(failed),
                        "FailedAndUnresolvableNodes": _safe_reasons(unresolvable), "Error": ""})
-    return b'{"Nodes":null,"NodeNames":' + names + b"," + rest[1:]
+        return b'{"Nodes":null,"NodeNames":' + names + b"," + rest[1:]
+    return (b'{"Nodes":null,"NodeNames":' + names + b',"FailedNodes":' + f
+            + b',"FailedAndUnresolvableNodes":' + u + b',"Error":""}')
+
+
+_REASONS: dict[str, str] = {}  # reason -> its JSON string (made Go-safe), few distinct ones
+
+
+def reasons_json(reasons: Mapping[str, str]) -> bytes | None:
+    """The JSON object {node: reason} with the reasons made Go-safe (:func:`go_safe`), each
+    distinct reason encoded once (hundreds of nodes fail for a handful of reasons); ``None``
+    when a node name would need escaping."""
+    if not reasons:
+        return b"{}"
+    if not _plain("".join(reasons)):
+        return None
+    enc = _REASONS
+    parts = []
+    for name, why in reasons.items():
+        e = enc.get(why)
+        if e is None:
+            if len(enc) > 4096:
+                enc.clear()
+            e = enc[why] = json.dumps(go_safe(why))
+        parts.append(f'"{name}":{e}')
+    return ("{" + ",".join(parts) + "}").encode()
 
 
 def names_json(names: Sequence[str]) -> bytes | None:
@@ -188,6 +212,25 @@ def prioritize_body(filter_body: bytes, passed_json: bytes) -> bytes | None:
     if i < 1 or filter_body[i - 1 : i] not in (b",", b"{") or not filter_body.endswith(b"]}"):
         return None
     return filter_body[: i + len(_NAMES_KEY)] + passed_json + b"}"
+
+
+def split_names(body: bytes) -> tuple[bytes, bytes] | None:
+    """A filter request in kube-scheduler's form (``ExtenderArgs`` with ``NodeNames`` last) cut
+    in two: the JSON object without its names, and the names' JSON array as sent (not
+    decoded); ``None`` when the body is not in that form."""
+    i = body.rfind(_NAMES_KEY)
+    if i < 1 or body[i - 1 : i] != b"," or not body.endswith(b"]}"):
+        return None
+    names = body[i + len(_NAMES_KEY) : -1]
+    if not names.startswith(b"[") or b"{" in names:
+        return None
+    return body[: i - 1] + b"}", names
+
+
+def pass_all_json(names: bytes) -> bytes:
+    """The filter answer passing every node of ``names`` (the JSON array as sent), no reason."""
+    return (b'{"Nodes":null,"NodeNames":' + names
+            + b',"FailedNodes":{},"FailedAndUnresolvableNodes":{},"Error":""}')
 
 
 def _dumps(data: Any) -> bytes:
