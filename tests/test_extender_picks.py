@@ -6,14 +6,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from sharegpu import kobjects
 from sharegpu.annotations import decode
 from sharegpu.extender.bind import Binder
-from sharegpu.extender.memapi import MemoryApi
 from sharegpu.extender.metrics import Metrics
 from sharegpu.extender.picks import HeldPicks
 from sharegpu.extender.server import ExtenderApp
 from sharegpu.extender.view import ClusterView
+from sharegpu_testing import kobjects
+from sharegpu_testing.memapi import MemoryApi
 from test_extender_http import Env, run
 
 ONE_GPU = [kobjects.node(f"n{i}", [16], "cgpu") for i in range(3)]
