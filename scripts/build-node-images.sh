@@ -101,8 +101,8 @@ make_base() {
             --customize-hook='ln -sf /usr/bin/pip3 "$1"/usr/local/bin/pip3' \
             --customize-hook='ln -sf /usr/bin/pip3 "$1"/usr/local/bin/pip' \
             --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*' \
-            "$SUITE" "$OUT/base-rootfs.tar.tmp" || fail "mmdebstrap"
-        mv -f "$OUT/base-rootfs.tar.tmp" "$OUT/base-rootfs.tar"
+            "$SUITE" "$OUT/base-rootfs.tmp.tar" || fail "mmdebstrap"
+        mv -f "$OUT/base-rootfs.tmp.tar" "$OUT/base-rootfs.tar"
     fi
     if stale "$OUT/base.tar" "$OUT/base-rootfs.tar" || ! buildah inspect --type image "$BASE_REF" >/dev/null 2>&1; then
         buildah rmi -f "$BASE_REF" >/dev/null 2>&1 || true

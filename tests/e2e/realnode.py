@@ -736,8 +736,6 @@ class RealNodeCluster:
             self.nodes = [RealNode(self.cp, name, i, self.workdir, gpus=gpus, labels=labels,
                                    run_id=run_id)
                           for i, (name, labels, gpus) in enumerate(self.node_specs)]
-            self.proxy = KubeProxy(self.cp, self.nodes[0].name, self.workdir)
-            self.seconds["kube-proxy"] = self.proxy.start()
             for node in self.nodes:
                 node._prepare()
             self.dns = ClusterDNS(self.cp, [n.gateway for n in self.nodes])
@@ -745,6 +743,9 @@ class RealNodeCluster:
                 t0 = time.monotonic()
                 node.start()
                 self.seconds[node.name] = time.monotonic() - t0
+            # after the nodes registered: kube-proxy reads its node's address from its Node
+            self.proxy = KubeProxy(self.cp, self.nodes[0].name, self.workdir)
+            self.seconds["kube-proxy"] = self.proxy.start()
         except BaseException:
             self.stop()
             raise
