@@ -90,6 +90,14 @@ archive() {  # REF FILE
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+cat >"$OUT/refs.env" <<EOF
+BASE_REF=$BASE_REF
+SHAREGPU_REF=$SHAREGPU_REF
+PAUSE_REF=$PAUSE_REF
+HAMI_REF=$HAMI_REF
+HAMI_NOLIB_REF=$HAMI_NOLIB_REF
+SCHED_REF=$SCHED_REF
+EOF
 
 # ---- the stand-in base -----------------------------------------------------------------------
 make_base() {
@@ -191,12 +199,4 @@ make_scheduler() {
 }
 timed make_scheduler
 
-cat >"$OUT/refs.env" <<EOF
-BASE_REF=$BASE_REF
-SHAREGPU_REF=$SHAREGPU_REF
-PAUSE_REF=$PAUSE_REF
-HAMI_REF=$HAMI_REF
-HAMI_NOLIB_REF=$HAMI_NOLIB_REF
-SCHED_REF=$SCHED_REF
-EOF
 echo "build-node-images: images in $OUT"

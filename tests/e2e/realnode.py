@@ -17,8 +17,8 @@ are bind mounts of the node's own root directory: ``/var/lib/kubelet``, ``/var/l
 ``/usr/local/vgpu``, ``/run/nvidia`` (the driver root ``/run/nvidia/driver`` holding the fake
 ``libnvidia-ml.so.1``, a fake ``libcuda.so.1`` and the stand-in ``nvidia-cuda-mps-control``, as a
 driver container would put them), ``/var/log/nvidia-mps``, ``/run/cdi``, ``/var/log/pods`` and
-``/tmp/sharegpu-vgpu``. So the chart's default host paths serve every node unchanged, and nodes
-never share a file. Each node has its own cgroup parent (``cgroupRoot``), ports, containerd
+``/tmp/sharegpu-vgpu`` (and ``/run/containerd``, the shims' sockets). So the chart's default
+host paths serve every node unchanged, and nodes never share a file. Each node has its own cgroup parent (``cgroupRoot``), ports, containerd
 root, state and socket, CNI bridge and subnet (10.244.<i>.0/24).
 
 containerd's runtime is a stand-in for NVIDIA's container runtime
@@ -72,8 +72,9 @@ NODE_MOUNTS = {
     "/run/cdi": "cdi",
     "/var/log/pods": "pod-logs",
     "/tmp/sharegpu-vgpu": "vgpu-cache",
+    "/run/containerd": "run-containerd",  # the shims' sockets, fifos and runc state
 }
-IMAGE_ARCHIVES = ("pause", "sharegpu", "hami", "hami-nolib", "kube-scheduler", "base")
+IMAGE_ARCHIVES = ("pause", "sharegpu", "hami", "hami-nolib", "kube-scheduler")
 
 
 class NodeError(RuntimeError):
