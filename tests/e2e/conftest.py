@@ -101,3 +101,13 @@ def real_cluster(controlplane_binary: Path, request: pytest.FixtureRequest) -> I
     print(f"\nreal-node cluster up ({times}); work dir {cluster.workdir}", file=sys.stderr)
     yield cluster
     cluster.cp.check_alive()
+
+
+@pytest.fixture(scope="session")
+def real_release(real_cluster: Any) -> Any:
+    """``real_cluster`` with charts/sharegpu installed by helm (nodepods.install_release): every
+    pod of the release Running and Ready on the real node."""
+    from .nodepods import install_release
+
+    real_cluster.seconds["helm-install-ready"] = install_release(real_cluster)
+    return real_cluster

@@ -25,6 +25,11 @@ from sharegpu.agent.isolation import HAMI_CONTAINER_LIBRARY, PRELOAD_LIST
 from .controlplane import ControlPlane
 from .realnode import RealNode
 
+NAMESPACE = "sharegpu-system"  # the release's namespace
+RELEASE = "sharegpu"
+WORKLOADS = "gpu-workloads"  # the GPU pods' namespace
+# every value given to helm beyond the chart's defaults, with the reason: none are needed
+OVERRIDES: dict[str, str] = {}
 REPORT_TAG = "SHAREGPU-REPORT "
 REPORTER = r"""
 import json, os, sys, time
@@ -71,6 +76,72 @@ def gpu_pod(name: str, limits: Sequence[Mapping[str, int]], *, node: str,
             ],
         },
     }
+
+
+def wait(what: str, fn: Any, timeout: float, every: float = 0.5) -> Any:
+    """``fn()``'s first truthy value; fails the test after ``timeout`` seconds."""
+    import pytest
+
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(every)
+
+
+def pod_summary(pods: Sequence[Mapping[str, Any]]) -> str:
+    """One line per pod: phase, node, each container's state."""
+    lines = []
+    for p in pods:
+        st = p.get("status", {})
+        conts = [f"{s['name']}:{next(iter(s.get('state') or {'?': 0}))}"
+                 f"{'(ready)' if s.get('ready') else ''}"
+                 for s in (st.get("initContainerStatuses") or [])
+                 + (st.get("containerStatuses") or [])]
+        lines.append(f"  {p['metadata']['name']:<45} {st.get('phase')} node="
+                     f"{p['spec'].get('nodeName')} {' '.join(conts)}")
+    return "\n".join(lines)
+
+
+def events(cp: ControlPlane, namespace: str, name: str | None = None) -> list[dict[str, Any]]:
+    sel = f"?fieldSelector=involvedObject.name={name}" if name else ""
+    status, body = cp.request("GET", f"/api/v1/namespaces/{namespace}/events{sel}")
+    assert status == 200, body
+    return json.loads(body)["items"]
+
+
+def events_text(cp: ControlPlane, namespace: str) -> str:
+    return "\n".join(f"  {e['involvedObject'].get('name')}: {e.get('reason')}: "
+                     f"{e.get('message', '')[:300]}" for e in events(cp, namespace)[-40:])
+
+
+def install_release(cluster: Any, timeout: float = 300) -> float:
+    """``helm install`` of charts/sharegpu with :data:`OVERRIDES`; wait until every pod of the
+    release is Running and Ready; return the seconds it took."""
+    from .components import CHART, helm
+
+    cp = cluster.cp
+    t0 = time.monotonic()
+    helm(cp, "install", RELEASE, str(CHART), "-n", NAMESPACE, "--create-namespace",
+         *[a for k, v in OVERRIDES.items() for a in ("--set", f"{k}={v}")], timeout=300)
+
+    def all_ready() -> bool:
+        pods = list_pods(cp, NAMESPACE)
+        return len(pods) >= 7 and all(ready(p) for p in pods)
+
+    try:
+        wait("every pod of the release Running and Ready", all_ready, timeout, every=1)
+    except BaseException:
+        print(pod_summary(list_pods(cp, NAMESPACE)), file=sys.stderr)
+        print(events_text(cp, NAMESPACE), file=sys.stderr)
+        raise
+    status, _ = cp.request("POST", "/api/v1/namespaces", {
+        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": WORKLOADS}})
+    assert status in (201, 409)
+    return time.monotonic() - t0
 
 
 def create(cp: ControlPlane, namespace: str, obj: Mapping[str, Any]) -> tuple[int, dict]:

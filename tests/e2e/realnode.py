@@ -663,6 +663,25 @@ state = "{self.state}"
         self.times.restarts.setdefault("containerd", []).append(t)
         return t
 
+    def plugin_registered_after(self, since: float) -> float | None:
+        """The wall-clock time of the kubelet's first device-plugin registration logged after
+        ``since`` (time.time()), from its klog lines; None before there is one."""
+        import datetime as dt
+
+        year = dt.datetime.now().year
+        for line in _tail(self.log("kubelet"), 5000).splitlines():
+            if len(line) < 21 or not any(m in line for m in (
+                    "Got registration request from device plugin", "Connected to new client")):
+                continue
+            try:
+                stamp = dt.datetime.strptime(f"{year}{line[1:21]}", "%Y%m%d %H:%M:%S.%f")
+            except ValueError:
+                continue
+            t = stamp.replace(tzinfo=dt.UTC).timestamp()
+            if t >= since:
+                return t
+        return None
+
     # -- teardown ------------------------------------------------------------------------------
 
     def stop(self) -> None:

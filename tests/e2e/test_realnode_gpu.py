@@ -1,0 +1,312 @@
+"""GPU pods on the REAL node (realnode.py) with the chart installed (nodepods.install_release):
+their shares in every mode, fail-closed isolation, node-side faults and ``kubectl inspect cgpu``.
+
+- Every mode, one after the other on the node (``ack.node.gpu.schedule``: cgpu, core_mem, share,
+  mps, topology, default = exclusive), with single-, multi-container and multi-GPU pods written
+  with ACK's pod spec: placed by the chart's kube-scheduler through the extender, admitted by
+  the kubelet through the agent's device plugins, started by containerd. Each container reports
+  what it received (nodepods.REPORTER) and the test compares it with the pod's decision
+  annotations; a table per mode (pods placed, containers started, mismatches) is printed and
+  every row must show 0 mismatches. After a kubelet restart a further batch is admitted.
+- Node-side faults with pods running: the kubelet restarted, containerd restarted, the agent pod
+  killed (its DaemonSet makes a new one): the running pods keep running with what they got, no
+  GPU is over-committed, and new pods get the right shares; the times are printed.
+- ``kubectl inspect cgpu`` (the project's kubectl plugin) shows the pods placed on the node.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sharegpu import annotations, names
+
+from .nodepods import (
+    NAMESPACE,
+    WORKLOADS,
+    Check,
+    compare,
+    create,
+    events_text,
+    get_pod,
+    gpu_pod,
+    list_pods,
+    node_uuids,
+    pod_summary,
+    ready,
+    report,
+    wait,
+)
+from .realnode import RealNode, RealNodeCluster
+
+MEM, CORE = names.RES_GPU_MEM, names.RES_GPU_CORE
+COUNT_LABEL = names.POD_LABEL_GPU_COUNT
+BATCH = "sharegpu-e2e-batch"
+
+# Per mode: (pod name suffix, per-container limits, pod labels). The node has two 15 GiB T4s.
+SHARED = [
+    ("a", [{MEM: 2}], {}), ("b", [{MEM: 3}], {}), ("c", [{MEM: 4}], {}), ("d", [{MEM: 2}], {}),
+    ("e", [{MEM: 5}], {}), ("f", [{MEM: 1}], {}),
+    ("multi-container", [{MEM: 2}, {MEM: 1}], {}),
+    ("multi-gpu", [{MEM: 4}], {COUNT_LABEL: "2"}),
+]
+CORE_MEM = [
+    ("a", [{MEM: 2, CORE: 20}], {}), ("b", [{MEM: 3, CORE: 30}], {}),
+    ("c", [{MEM: 4, CORE: 40}], {}), ("d", [{MEM: 2, CORE: 10}], {}),
+    ("e", [{MEM: 3, CORE: 50}], {}), ("f", [{MEM: 1, CORE: 5}], {}),
+    ("multi-container", [{MEM: 2, CORE: 20}, {MEM: 1, CORE: 10}], {}),
+    ("multi-gpu", [{MEM: 4, CORE: 40}], {COUNT_LABEL: "2"}),
+]
+MODES: dict[str, list[tuple[str, list[dict[str, int]], dict[str, str]]]] = {
+    "cgpu": SHARED,
+    "core_mem": CORE_MEM,
+    "share": SHARED,
+    "mps": SHARED,
+    "topology": [("one", [{names.RES_TOPOLOGY_GPU: 1}], {}),
+                 ("other", [{names.RES_TOPOLOGY_GPU: 1}], {})],
+    "default": [("two-gpus", [{names.RES_NVIDIA_GPU: 2}], {})],
+}
+ADVERTISED = {"cgpu": MEM, "core_mem": CORE, "share": MEM, "mps": MEM,
+              "topology": names.RES_TOPOLOGY_GPU, "default": names.RES_NVIDIA_GPU}
+
+
+class Tally:
+    """Rows of the per-mode table."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, dict[str, int]] = {}
+        self.checks: list[Check] = []
+
+    def add(self, mode: str, pods: int, started: int, checks: Sequence[Check]) -> None:
+        row = self.rows.setdefault(mode, {"pods": 0, "containers": 0, "mismatches": 0})
+        row["pods"] += pods
+        row["containers"] += started
+        row["mismatches"] += sum(1 for c in checks if c.mismatches)
+        self.checks += checks
+
+    def table(self) -> str:
+        lines = ["| mode | pods placed | containers started | mismatches |",
+                 "| --- | --- | --- | --- |"]
+        for mode, r in self.rows.items():
+            lines.append(f"| {mode} | {r['pods']} | {r['containers']} | {r['mismatches']} |")
+        total = {k: sum(r[k] for r in self.rows.values()) for k in ("pods", "containers",
+                                                                     "mismatches")}
+        lines.append(f"| all | {total['pods']} | {total['containers']} | "
+                     f"{total['mismatches']} |")
+        return "\n".join(lines)
+
+
+TALLY = Tally()
+
+
+def node_obj(cluster: RealNodeCluster, node: RealNode) -> dict[str, Any]:
+    status, body = cluster.cp.request("GET", f"/api/v1/nodes/{node.name}")
+    assert status == 200, body
+    return json.loads(body)
+
+
+def set_mode(cluster: RealNodeCluster, node: RealNode, mode: str) -> float:
+    """Label the node with ``mode``; wait until it advertises the mode's resource."""
+    t0 = time.monotonic()
+    _patch_node(cluster, node, {"metadata": {"labels": {names.LABEL_SCHEDULE: mode}}})
+    want = ADVERTISED[mode]
+    # core_mem advertises memory too
+    others = set(ADVERTISED.values()) - {want, MEM if want == CORE else want}
+
+    def advertised() -> bool:
+        alloc = node_obj(cluster, node)["status"].get("allocatable", {})
+        return int(alloc.get(want, "0")) > 0 and all(int(alloc.get(r, "0")) == 0 for r in others)
+
+    wait(f"{node.name} to advertise {want} in mode {mode}", advertised, 120, every=0.5)
+    return time.monotonic() - t0
+
+
+def _patch_node(cluster: RealNodeCluster, node: RealNode, patch: Mapping[str, Any]) -> None:
+    import urllib.request
+
+    cp = cluster.cp
+    req = urllib.request.Request(f"{cp.server}/api/v1/nodes/{node.name}",
+                                 data=json.dumps(patch).encode(), method="PATCH")
+    req.add_header("Content-Type", "application/merge-patch+json")
+    with urllib.request.urlopen(req, context=cp._admin_ssl, timeout=10) as r:
+        assert r.status == 200
+
+
+def run_batch(cluster: RealNodeCluster, node: RealNode, mode: str, prefix: str,
+              specs: Sequence[tuple[str, list[dict[str, int]], dict[str, str]]],
+              timeout: float = 240) -> list[dict[str, Any]]:
+    """Create the pods, wait until every container runs, compare each container's report with
+    the pod's decision; add the row to the table. Returns the pods."""
+    cp = cluster.cp
+    image = cluster.refs["SHAREGPU_REF"]
+    made = []
+    for suffix, limits, labels in specs:
+        name = f"{prefix}-{suffix}"
+        status, body = create(cp, WORKLOADS, gpu_pod(name, limits, node=node.name, image=image,
+                                                     labels={BATCH: prefix, **labels}))
+        assert status == 201, body
+        made.append(name)
+
+    def all_running() -> list[dict[str, Any]] | None:
+        pods = [get_pod(cp, WORKLOADS, n) for n in made]
+        if all(p and ready(p) for p in pods):
+            return pods  # type: ignore[return-value]
+        return None
+
+    try:
+        pods = wait(f"the {mode} batch {prefix} to run", all_running, timeout, every=1)
+    except BaseException:
+        print(pod_summary([p for n in made if (p := get_pod(cp, WORKLOADS, n))]),
+              file=sys.stderr)
+        print(events_text(cp, WORKLOADS), file=sys.stderr)
+        raise
+    uuids = node_uuids(node)
+    checks = []
+    started = 0
+    for p in pods:
+        for i, c in enumerate(p["spec"]["containers"]):
+            got = report(node, p, c["name"])
+            started += got is not None
+            checks.append(compare(p, i, got, mode, uuids))
+    TALLY.add(mode, len(pods), started, checks)
+    bad = [c for c in checks if c.mismatches]
+    assert not bad, "\n".join(f"{c.pod}/{c.container}: {c.mismatches}" for c in bad)
+    assert_no_overcommit(pods, mode)
+    return pods
+
+
+def assert_no_overcommit(pods: Sequence[Mapping[str, Any]], mode: str) -> None:
+    """No GPU holds more than its 15 GiB (shared) or more than one pod (whole GPUs)."""
+    per_gpu: dict[int, int] = {}
+    holders: dict[int, set[str]] = {}
+    for p in pods:
+        alloc = annotations.decode(p["metadata"].get("annotations") or {})
+        assert alloc is not None, p["metadata"]["name"]
+        for g, v in alloc.per_gpu_mem().items():
+            per_gpu[g] = per_gpu.get(g, 0) + v
+            holders.setdefault(g, set()).add(p["metadata"]["name"])
+    if mode in ("topology", "default"):
+        assert all(len(h) == 1 for h in holders.values()), holders
+    else:
+        assert all(v <= 15 for v in per_gpu.values()), per_gpu
+
+
+def delete_batch(cluster: RealNodeCluster, prefix: str) -> None:
+    cp = cluster.cp
+    cp.request("DELETE", f"/api/v1/namespaces/{WORKLOADS}/pods?labelSelector={BATCH}%3D{prefix}")
+    wait(f"batch {prefix} gone", lambda: not list_pods(cp, WORKLOADS, f"{BATCH}%3D{prefix}"),
+         120, every=0.5)
+
+
+@pytest.fixture(scope="module")
+def gpu_node(real_release: RealNodeCluster) -> RealNode:
+    return real_release.nodes[0]
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_gpu_pods_start_with_their_shares(real_release: RealNodeCluster, gpu_node: RealNode,
+                                          mode: str) -> None:
+    took = set_mode(real_release, gpu_node, mode)
+    print(f"\nmode {mode}: advertised {took:.1f}s after the label", file=sys.stderr)
+    prefix = f"m-{mode.replace('_', '-')}"
+    t0 = time.monotonic()
+    run_batch(real_release, gpu_node, mode, prefix, MODES[mode])
+    print(f"mode {mode}: {len(MODES[mode])} pods running and checked in "
+          f"{time.monotonic() - t0:.1f}s", file=sys.stderr)
+    delete_batch(real_release, prefix)
+
+
+def test_faults_with_pods_running(real_release: RealNodeCluster, gpu_node: RealNode) -> None:
+    """kubelet restart, containerd restart, agent pod killed: running pods keep running with
+    their shares; a batch admitted after each fault gets the right shares."""
+    cluster, cp = real_release, real_release.cp
+    set_mode(cluster, gpu_node, "cgpu")
+    running = run_batch(cluster, gpu_node, "cgpu", "f-before", SHARED[:4])
+    before = {p["metadata"]["name"]: (p["metadata"]["uid"],
+                                      [s.get("restartCount", 0) for s in
+                                       p["status"]["containerStatuses"]]) for p in running}
+    times: dict[str, float] = {}
+
+    def still_running() -> None:
+        for name, (uid, restarts) in before.items():
+            p = get_pod(cp, WORKLOADS, name)
+            assert p is not None and p["metadata"]["uid"] == uid, f"{name} lost"
+            assert ready(p), f"{name} not running after the fault:\n{pod_summary([p])}"
+            assert [s.get("restartCount", 0) for s in p["status"]["containerStatuses"]] == \
+                restarts, f"{name} restarted"
+
+    def gpu_pod_admitted(tag: str) -> float:
+        t0 = time.monotonic()
+        run_batch(cluster, gpu_node, "cgpu", f"f-{tag}", [SHARED[0], SHARED[6]])
+        return time.monotonic() - t0
+
+    # the kubelet restarted: the agent's plugins register again with the new kubelet
+    started = time.time()
+    times["kubelet restart -> Node Ready"] = gpu_node.restart_kubelet()
+    times["kubelet restart -> device plugins registered again"] = wait(
+        "the agent's device plugins to register with the new kubelet",
+        lambda: (t := gpu_node.plugin_registered_after(started)) and t - started, 120)
+    times["kubelet restart -> new GPU pods running"] = gpu_pod_admitted("kubelet")
+    still_running()
+    # containerd restarted: shims and containers live on
+    times["containerd restart -> CRI answers"] = gpu_node.restart_containerd()
+    times["containerd restart -> new GPU pods running"] = gpu_pod_admitted("containerd")
+    still_running()
+    # the agent pod killed: its DaemonSet makes a new one
+    (agent,) = [p for p in list_pods(cp, NAMESPACE, "app.kubernetes.io/component%3Dagent")]
+    t0 = time.monotonic()
+    status, _ = cp.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/"
+                                     f"{agent['metadata']['name']}?gracePeriodSeconds=0")
+    assert status == 200
+
+    def new_agent_ready() -> bool:
+        pods = list_pods(cp, NAMESPACE, "app.kubernetes.io/component%3Dagent")
+        return any(p["metadata"]["uid"] != agent["metadata"]["uid"] and ready(p) for p in pods)
+
+    wait("a new agent pod Ready", new_agent_ready, 180, every=0.5)
+    times["agent pod killed -> new agent Ready"] = time.monotonic() - t0
+    times["agent pod killed -> new GPU pods running"] = gpu_pod_admitted("agent")
+    still_running()
+    all_pods = list_pods(cp, WORKLOADS)
+    assert_no_overcommit([p for p in all_pods if ready(p)], "cgpu")
+    print("\n" + "\n".join(f"{k}: {v:.1f}s" for k, v in times.items()), file=sys.stderr)
+    for prefix in ("f-before", "f-kubelet", "f-containerd", "f-agent"):
+        delete_batch(cluster, prefix)
+
+
+def test_batch_after_kubelet_restart_and_table(real_release: RealNodeCluster,
+                                               gpu_node: RealNode) -> None:
+    """A batch admitted after a kubelet restart; then the whole table: >= 50 pods, 0
+    mismatches."""
+    set_mode(real_release, gpu_node, "cgpu")
+    gpu_node.restart_kubelet()
+    run_batch(real_release, gpu_node, "cgpu", "after-restart", SHARED)
+    delete_batch(real_release, "after-restart")
+    print("\n" + TALLY.table(), file=sys.stderr)
+    total = sum(r["pods"] for r in TALLY.rows.values())
+    assert total >= 50, TALLY.table()
+    assert all(r["mismatches"] == 0 for r in TALLY.rows.values()), TALLY.table()
+
+
+def test_kubectl_inspect_cgpu_shows_the_pods_on_the_real_node(
+        real_release: RealNodeCluster, gpu_node: RealNode) -> None:
+    set_mode(real_release, gpu_node, "cgpu")
+    pods = run_batch(real_release, gpu_node, "cgpu", "inspect", SHARED[:3])
+    kubectl = (Path(__file__).resolve().parents[2] / ".tools" / "bin" / "kubectl")
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+           "KUBECONFIG": str(real_release.cp.admin_kubeconfig), "HOME": "/tmp"}
+    r = subprocess.run([str(kubectl) if kubectl.exists() else "kubectl", "inspect", "cgpu",
+                        "-d"], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    print("\n" + r.stdout, file=sys.stderr)
+    assert gpu_node.name in r.stdout
+    for p in pods:
+        assert p["metadata"]["name"] in r.stdout, r.stdout
+    delete_batch(real_release, "inspect")
