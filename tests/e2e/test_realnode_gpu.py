@@ -310,3 +310,71 @@ def test_kubectl_inspect_cgpu_shows_the_pods_on_the_real_node(
     for p in pods:
         assert p["metadata"]["name"] in r.stdout, r.stdout
     delete_batch(real_release, "inspect")
+
+
+def _condition(cluster: RealNodeCluster, node: RealNode) -> dict[str, Any] | None:
+    conds = node_obj(cluster, node)["status"].get("conditions") or []
+    return next((c for c in conds if c["type"] == names.CONDITION_ISOLATION), None)
+
+
+def test_fail_closed_without_the_library_then_starts_once_it_is_there(
+        real_release: RealNodeCluster, gpu_node: RealNode) -> None:
+    """The chart without its HAMi install (agent.hami.install=false: the agent looks for
+    hamiLibrary, /usr/local/vgpu/libvgpu.so, which the node lacks): a shared pod is refused with
+    the agent's message as an Event, the node's GPUIsolationReady is False; once the library is
+    put there, the condition turns True and a new pod starts isolated. The release is put back
+    as installed afterwards."""
+    from .components import CHART, helm
+
+    cluster, cp = real_release, real_release.cp
+    set_mode(cluster, gpu_node, "cgpu")
+    helm(cp, "upgrade", "sharegpu", str(CHART), "-n", NAMESPACE, "--set",
+         "agent.hami.install=false", timeout=300)
+    try:
+        wait("the agent without the library to report GPUIsolationReady False",
+             lambda: (c := _condition(cluster, gpu_node)) and c["status"] == "False" and c,
+             180, every=1)
+        cond = _condition(cluster, gpu_node)
+        assert cond is not None
+        print(f"\nGPUIsolationReady False: {cond['message']}", file=sys.stderr)
+        status, body = create(cp, WORKLOADS, gpu_pod("no-lib", [{MEM: 2}], node=gpu_node.name,
+                                                     image=cluster.refs["SHAREGPU_REF"]))
+        assert status == 201, body
+
+        def refused() -> dict[str, Any] | None:
+            p = get_pod(cp, WORKLOADS, "no-lib")
+            evs = [e for e in events_of(cp, "no-lib") if e.get("reason") ==
+                   "GPUIsolationUnavailable"]
+            return {"pod": p, "event": evs[0]} if p and evs else None
+
+        got = wait("the agent's refusal event on the pod", refused, 120, every=1)
+        pod, event = got["pod"], got["event"]
+        print(f"event {event['reason']}: {event['message']}", file=sys.stderr)
+        assert not any("running" in (s.get("state") or {})
+                       for s in pod["status"].get("containerStatuses") or []), pod_summary([pod])
+        assert "libvgpu.so" in event["message"] or "isolation" in event["message"].lower()
+        # the library arrives where the chart says it is
+        installed = gpu_node.host_path("/usr/local/vgpu/sharegpu/installed")
+        lib = gpu_node.host_path(installed.read_text().strip())
+        target = gpu_node.host_path("/usr/local/vgpu/libvgpu.so")
+        target.write_bytes(lib.read_bytes())
+        target.chmod(0o755)
+        t0 = time.monotonic()
+        wait("GPUIsolationReady True once the library is there",
+             lambda: (c := _condition(cluster, gpu_node)) and c["status"] == "True", 120, every=1)
+        print(f"GPUIsolationReady True {time.monotonic() - t0:.1f}s after the library arrived",
+              file=sys.stderr)
+        run_batch(cluster, gpu_node, "cgpu", "lib-back", [SHARED[0]])
+        delete_batch(cluster, "lib-back")
+        cp.request("DELETE", f"/api/v1/namespaces/{WORKLOADS}/pods/no-lib")
+        target.unlink()
+    finally:
+        helm(cp, "upgrade", "sharegpu", str(CHART), "-n", NAMESPACE, timeout=300)
+        wait("the release Ready again", lambda: all(ready(p) for p in list_pods(cp, NAMESPACE))
+             and len(list_pods(cp, NAMESPACE)) == 7, 240, every=1)
+
+
+def events_of(cp: Any, pod: str) -> list[dict[str, Any]]:
+    from .nodepods import events
+
+    return events(cp, WORKLOADS, pod)
