@@ -321,7 +321,10 @@ class KubeProxy:
             "--proxy-mode=iptables", f"--cluster-cidr={CLUSTER_CIDR}",
             f"--healthz-bind-address=127.0.0.1:{self.healthz}",
             f"--metrics-bind-address=127.0.0.1:{free_port()}",
-            "--conntrack-max-per-core=0", "--v=2",
+            # leave this machine's conntrack and localhost settings as they are
+            "--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0",
+            "--conntrack-tcp-timeout-close-wait=0", "--iptables-localhost-nodeports=false",
+            "--v=2",
         ]
         self.log = workdir / "logs" / "kube-proxy.log"
         self.proc: subprocess.Popen[bytes] | None = None
