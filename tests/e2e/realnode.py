@@ -105,9 +105,11 @@ def build_tools() -> dict[str, str]:
 
 def host_address() -> str:
     """This machine's address on its default route (where pods reach the API server)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect(("192.0.2.255", 9))  # no packet is sent
-        return s.getsockname()[0]
+    out = _run(["ip", "-4", "-o", "route", "get", "198.51.100.1"], "the default route's source")
+    words = out.split()
+    if "src" not in words:
+        raise NodeError(f"no source address in `ip route get`: {out!r}")
+    return words[words.index("src") + 1]
 
 
 def _launch(argv: Sequence[str], log: Path, env: Mapping[str, str] | None = None,
