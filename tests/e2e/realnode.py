@@ -27,8 +27,8 @@ the driver's files mounted, as NVIDIA's runtime does.
 
 Teardown (``stop()``, also at exit) is by PID: the kubelet, every process in the node's cgroups
 (pods), every process in the node's mount namespace (containerd, shims), then the holder; the
-namespace's mounts go with it; then the cgroups, the bridge and the node's directory are removed
-and kube-proxy's rules are cleaned (``kube-proxy --cleanup``). A piece that cannot start raises
+namespace's mounts go with it; then the cgroups, the bridge and the node's directory are removed,
+kube-proxy's rules are cleaned (``kube-proxy --cleanup``) and the kubelet's chains removed. A piece that cannot start raises
 :class:`NodeError` (the tests fail, never skip).
 """
 
@@ -305,6 +305,26 @@ def pids_in_mount_ns(ns: str) -> set[int]:
         if entry.isdigit() and _mnt_ns(int(entry)) == ns:
             out.add(int(entry))
     return out
+
+
+# the chains the kubelet makes in this machine's tables (its iptables canary, and the rule
+# dropping outside traffic to 127.0.0.0/8); kube-proxy --cleanup removes only its own
+KUBELET_CHAINS = ("KUBE-FIREWALL", "KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT")
+
+
+def remove_kubelet_chains() -> None:
+    for ipt in ("iptables", "ip6tables"):
+        if not shutil.which(ipt):
+            continue
+        for chain in ("INPUT", "OUTPUT"):
+            for _ in range(10):
+                if subprocess.run([ipt, "-t", "filter", "-D", chain, "-j", "KUBE-FIREWALL"],
+                                  capture_output=True).returncode != 0:
+                    break
+        for table in ("mangle", "nat", "filter"):
+            for c in KUBELET_CHAINS:
+                subprocess.run([ipt, "-t", table, "-F", c], capture_output=True)
+                subprocess.run([ipt, "-t", table, "-X", c], capture_output=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -738,9 +758,9 @@ class RealNodeCluster:
                  workdir: Path | None = None) -> None:
         import tempfile
 
+        self.address = host_address()
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="sgpu-nodes-"))
         self.refs: dict[str, str] = {}
-        self.address = host_address()
         self.cp = ControlPlane(binary, advertise_address=self.address)
         self.node_specs = list(nodes)
         self.nodes: list[RealNode] = []
@@ -785,6 +805,7 @@ class RealNodeCluster:
         if self.proxy is not None:
             self.proxy.stop()
             self.proxy = None
+        remove_kubelet_chains()
         self.cp.stop()
         if self.workdir.exists() and not os.environ.get("SHAREGPU_E2E_KEEP"):
             shutil.rmtree(self.workdir, ignore_errors=True)
