@@ -28,8 +28,8 @@ the driver's files mounted, as NVIDIA's runtime does.
 Teardown (``stop()``, also at exit) is by PID: the kubelet, every process in the node's cgroups
 (pods), every process in the node's mount namespace (containerd, shims), then the holder; the
 namespace's mounts go with it; then the cgroups, the bridge and the node's directory are removed,
-kube-proxy's rules are cleaned (``kube-proxy --cleanup``) and the kubelet's chains removed. A piece that cannot start raises
-:class:`NodeError` (the tests fail, never skip).
+kube-proxy's rules are cleaned (``kube-proxy --cleanup``) and the kubelet's chains removed.
+A piece that cannot start raises :class:`NodeError` (the tests fail, never skip).
 """
 
 from __future__ import annotations

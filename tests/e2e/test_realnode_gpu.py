@@ -51,18 +51,20 @@ COUNT_LABEL = names.POD_LABEL_GPU_COUNT
 BATCH = "sharegpu-e2e-batch"
 
 # Per mode: (pod name suffix, per-container limits, pod labels). The node has two 15 GiB T4s.
+# The multi-GPU pod comes first (the scheduler takes pods in creation order): binpack then fills
+# one GPU before the other, and a pod wanting room on both would find none (refused, rightly).
 SHARED = [
-    ("a", [{MEM: 2}], {}), ("b", [{MEM: 3}], {}), ("c", [{MEM: 4}], {}), ("d", [{MEM: 2}], {}),
-    ("e", [{MEM: 5}], {}), ("f", [{MEM: 1}], {}),
-    ("multi-container", [{MEM: 2}, {MEM: 1}], {}),
     ("multi-gpu", [{MEM: 4}], {COUNT_LABEL: "2"}),
+    ("a", [{MEM: 2}], {}), ("b", [{MEM: 3}], {}), ("c", [{MEM: 4}], {}), ("d", [{MEM: 2}], {}),
+    ("e", [{MEM: 3}], {}), ("f", [{MEM: 1}], {}),
+    ("multi-container", [{MEM: 2}, {MEM: 1}], {}),
 ]
 CORE_MEM = [
+    ("multi-gpu", [{MEM: 4, CORE: 40}], {COUNT_LABEL: "2"}),
     ("a", [{MEM: 2, CORE: 20}], {}), ("b", [{MEM: 3, CORE: 30}], {}),
     ("c", [{MEM: 4, CORE: 40}], {}), ("d", [{MEM: 2, CORE: 10}], {}),
     ("e", [{MEM: 3, CORE: 50}], {}), ("f", [{MEM: 1, CORE: 5}], {}),
     ("multi-container", [{MEM: 2, CORE: 20}, {MEM: 1, CORE: 10}], {}),
-    ("multi-gpu", [{MEM: 4, CORE: 40}], {COUNT_LABEL: "2"}),
 ]
 MODES: dict[str, list[tuple[str, list[dict[str, int]], dict[str, str]]]] = {
     "cgpu": SHARED,
@@ -153,6 +155,10 @@ def run_batch(cluster: RealNodeCluster, node: RealNode, mode: str, prefix: str,
                                                      labels={BATCH: prefix, **labels}))
         assert status == 201, body
         made.append(name)
+        if COUNT_LABEL in labels:
+            # placed before the others fill one GPU (binpack): then room on both is there
+            wait(f"{name} bound", lambda n=name: (p := get_pod(cp, WORKLOADS, n)) and
+                 p["spec"].get("nodeName"), 60, every=0.3)
 
     def all_running() -> list[dict[str, Any]] | None:
         pods = [get_pod(cp, WORKLOADS, n) for n in made]
@@ -244,7 +250,7 @@ def test_faults_with_pods_running(real_release: RealNodeCluster, gpu_node: RealN
 
     def gpu_pod_admitted(tag: str) -> float:
         t0 = time.monotonic()
-        run_batch(cluster, gpu_node, "cgpu", f"f-{tag}", [SHARED[0], SHARED[6]])
+        run_batch(cluster, gpu_node, "cgpu", f"f-{tag}", [SHARED[1], SHARED[7]])
         return time.monotonic() - t0
 
     # the kubelet restarted: the agent's plugins register again with the new kubelet
@@ -298,7 +304,7 @@ def test_batch_after_kubelet_restart_and_table(real_release: RealNodeCluster,
 def test_kubectl_inspect_cgpu_shows_the_pods_on_the_real_node(
         real_release: RealNodeCluster, gpu_node: RealNode) -> None:
     set_mode(real_release, gpu_node, "cgpu")
-    pods = run_batch(real_release, gpu_node, "cgpu", "inspect", SHARED[:3])
+    pods = run_batch(real_release, gpu_node, "cgpu", "inspect", SHARED[1:4])
     kubectl = (Path(__file__).resolve().parents[2] / ".tools" / "bin" / "kubectl")
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
            "KUBECONFIG": str(real_release.cp.admin_kubeconfig), "HOME": "/tmp"}
@@ -364,7 +370,7 @@ def test_fail_closed_without_the_library_then_starts_once_it_is_there(
              lambda: (c := _condition(cluster, gpu_node)) and c["status"] == "True", 120, every=1)
         print(f"GPUIsolationReady True {time.monotonic() - t0:.1f}s after the library arrived",
               file=sys.stderr)
-        run_batch(cluster, gpu_node, "cgpu", "lib-back", [SHARED[0]])
+        run_batch(cluster, gpu_node, "cgpu", "lib-back", [SHARED[1]])
         delete_batch(cluster, "lib-back")
         cp.request("DELETE", f"/api/v1/namespaces/{WORKLOADS}/pods/no-lib")
         target.unlink()
