@@ -33,6 +33,7 @@ from .nodepods import (
     WORKLOADS,
     Check,
     compare,
+    expected_backend,
     create,
     events_text,
     get_pod,
@@ -126,6 +127,17 @@ def set_mode(cluster: RealNodeCluster, node: RealNode, mode: str) -> float:
         return int(alloc.get(want, "0")) > 0 and all(int(alloc.get(r, "0")) == 0 for r in others)
 
     wait(f"{node.name} to advertise {want} in mode {mode}", advertised, 120, every=0.5)
+    # and its isolation back-end is ready (the agent refuses shared pods until then)
+    backend = expected_backend(mode)
+    want_msg = (f"isolation back-end {backend} is ready" if backend != "none"
+                else f"mode {mode}: no isolation back-end")
+
+    def isolation_ready() -> bool:
+        c = _condition(cluster, node)
+        return c is not None and c["status"] == "True" and want_msg in c.get("message", "")
+
+    wait(f"{node.name}: GPUIsolationReady for mode {mode} ({want_msg!r})", isolation_ready,
+         120, every=0.5)
     return time.monotonic() - t0
 
 
@@ -219,7 +231,8 @@ def gpu_node(real_release: RealNodeCluster) -> RealNode:
 def test_gpu_pods_start_with_their_shares(real_release: RealNodeCluster, gpu_node: RealNode,
                                           mode: str) -> None:
     took = set_mode(real_release, gpu_node, mode)
-    print(f"\nmode {mode}: advertised {took:.1f}s after the label", file=sys.stderr)
+    print(f"\nmode {mode}: advertised and isolation ready {took:.1f}s after the label",
+          file=sys.stderr)
     prefix = f"m-{mode.replace('_', '-')}"
     t0 = time.monotonic()
     run_batch(real_release, gpu_node, mode, prefix, MODES[mode])
