@@ -318,7 +318,12 @@ def test_batch_after_kubelet_restart_and_table(real_release: RealNodeCluster,
     """A batch admitted after a kubelet restart; then the whole table: >= 50 pods, 0
     mismatches."""
     set_mode(real_release, gpu_node, "cgpu")
+    started = time.time()
     gpu_node.restart_kubelet()
+    # pods the kubelet admits before the agent's plugins registered again are refused by the
+    # kubelet itself ("requested number of devices unavailable"): wait for the registration
+    wait("the agent's device plugins to register with the new kubelet",
+         lambda: gpu_node.plugin_registered_after(started), 120)
     run_batch(real_release, gpu_node, "cgpu", "after-restart", SHARED)
     delete_batch(real_release, "after-restart")
     print("\n" + TALLY.table(), file=sys.stderr)
