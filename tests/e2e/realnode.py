@@ -688,14 +688,19 @@ state = "{self.state}"
         self.times.restarts.setdefault("containerd", []).append(t)
         return t
 
-    def plugin_registered_after(self, since: float) -> float | None:
+    def plugin_registered_after(self, since: float, resource: str = "") -> float | None:
         """The wall-clock time of the kubelet's first device-plugin registration logged after
-        ``since`` (time.time()), from its klog lines; None before there is one."""
+        ``since`` (time.time()), from its klog lines; None before there is one. With
+        ``resource``: the time the kubelet had that plugin's devices ("State pushed")."""
         import datetime as dt
 
         year = dt.datetime.now().year
         for line in _tail(self.log("kubelet"), 5000).splitlines():
-            if len(line) < 21 or not any(m in line for m in (
+            if resource:
+                if "State pushed for device plugin" not in line or \
+                        f'resource="{resource}"' not in line or "resourceCapacity=0" in line:
+                    continue
+            elif len(line) < 21 or not any(m in line for m in (
                     "Got registration request from device plugin", "Connected to new client")):
                 continue
             try:

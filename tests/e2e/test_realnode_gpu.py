@@ -320,10 +320,10 @@ def test_batch_after_kubelet_restart_and_table(real_release: RealNodeCluster,
     set_mode(real_release, gpu_node, "cgpu")
     started = time.time()
     gpu_node.restart_kubelet()
-    # pods the kubelet admits before the agent's plugins registered again are refused by the
-    # kubelet itself ("requested number of devices unavailable"): wait for the registration
-    wait("the agent's device plugins to register with the new kubelet",
-         lambda: gpu_node.plugin_registered_after(started), 120)
+    # pods the kubelet admits before it has the agent's devices again are refused by the
+    # kubelet itself ("requested number of devices unavailable"): wait until it has them
+    wait("the kubelet to have the agent's GPU memory devices again",
+         lambda: gpu_node.plugin_registered_after(started, MEM), 120)
     run_batch(real_release, gpu_node, "cgpu", "after-restart", SHARED)
     delete_batch(real_release, "after-restart")
     print("\n" + TALLY.table(), file=sys.stderr)
