@@ -383,7 +383,8 @@ def test_fail_closed_without_the_library_then_starts_once_it_is_there(
             # resources, nothing places the pod (Pending, the scheduler's and extender's Events)
             p = get_pod(cp, WORKLOADS, "no-lib")
             evs = [e for e in events_of(cp, "no-lib") if e.get("reason") in (
-                "GPUIsolationUnavailable", "GPUSharingUnschedulable", "FailedScheduling")]
+                "GPUIsolationUnavailable", "GPUSharingUnschedulable", "FailedScheduling",
+                "UnexpectedAdmissionError")]
             return {"pod": p, "event": evs[0]} if p and evs else None
 
         got = wait("the pod's refusal", refused, 120, every=1)
@@ -396,9 +397,13 @@ def test_fail_closed_without_the_library_then_starts_once_it_is_there(
         if event["reason"] == "GPUIsolationUnavailable":
             assert "the HAMi-core library /usr/local/vgpu/libvgpu.so does not exist" in \
                 event["message"], event["message"]
-        else:  # withheld: the node offers no GPU memory while its back-end is unusable
+        else:
+            # withheld: the agent marks its devices unhealthy while the back-end is unusable, so
+            # the node offers no GPU memory and the kubelet refuses the pod
             alloc = node_obj(cluster, gpu_node)["status"].get("allocatable", {})
             assert int(alloc.get(MEM, "0")) == 0, alloc
+            if event["reason"] == "UnexpectedAdmissionError":
+                assert "no healthy devices present" in event["message"], event["message"]
         # the library arrives where the chart says it is
         installed = gpu_node.host_path("/usr/local/vgpu/sharegpu/installed")
         lib = gpu_node.host_path(installed.read_text().strip())
