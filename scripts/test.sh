@@ -15,8 +15,16 @@ export PATH="$PWD/.tools/bin:$PATH"
 # the layering contracts (pyproject.toml [tool.importlinter]; docs/architecture.md)
 .venv/bin/lint-imports
 # the real Kubernetes control plane of tests/e2e (kube-apiserver, etcd, kube-controller-manager,
-# kube-scheduler) from pinned Go modules: built once (about 8 minutes on 2 cores the first
-# time; Go's module and build caches are reused), then only checked
+# kube-scheduler, and the real node's kubelet and kube-proxy) from pinned Go modules: built once
+# (a long while on 2 cores the first time; Go's module and build caches are reused), then only
+# checked
 bash scripts/build-controlplane.sh
+# the real node of tests/e2e/test_realnode*.py (docs/real-node.md): Debian packages (buildah,
+# mmdebstrap, CNI plugins, libseccomp), containerd v2.4.2 and runc v1.5.2 from pinned Go modules,
+# and the images (the project's image from its Dockerfile, with buildah); each step is skipped
+# while its output is up to date
+bash scripts/install-node-packages.sh
+bash scripts/build-node.sh
+bash scripts/build-node-images.sh
 export SHAREGPU_E2E=1
 .venv/bin/python -m pytest "$@"

@@ -1070,6 +1070,13 @@ def test_hami_core_comes_from_hamis_pinned_image():
                      "agent.hamiLibrary=/opt/hami/libvgpu.so.v2.10.0"), "DaemonSet", "agent")
     assert "initContainers" not in own["spec"]["template"]["spec"]
     assert "--hami-library=/opt/hami/libvgpu.so.v2.10.0" in args_of(own)
+    # the agent reads (and checks) the node's library: its directory is mounted, read-only
+    own_agent = next(c for c in own["spec"]["template"]["spec"]["containers"]
+                     if c["name"] == "agent")
+    assert {"name": "hami-lib", "mountPath": "/opt/hami", "readOnly": True} in \
+        own_agent["volumeMounts"]
+    assert {"name": "hami-lib", "hostPath": {"path": "/opt/hami", "type": "DirectoryOrCreate"}} \
+        in own["spec"]["template"]["spec"]["volumes"]
     share = one(render("share.yaml"), "DaemonSet", "agent")  # isolation none: nothing to install
     assert "initContainers" not in share["spec"]["template"]["spec"]
 

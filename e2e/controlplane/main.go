@@ -5,6 +5,8 @@
 //	sharegpu-controlplane kube-apiserver [flags]
 //	sharegpu-controlplane kube-controller-manager [flags]
 //	sharegpu-controlplane kube-scheduler [flags]
+//	sharegpu-controlplane kubelet [flags]
+//	sharegpu-controlplane kube-proxy [flags]
 //	sharegpu-controlplane kubelet-devicemanager [flags]
 //	sharegpu-controlplane kubelet-dra [flags]
 //	sharegpu-controlplane version
@@ -14,6 +16,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -27,7 +30,9 @@ import (
 	_ "k8s.io/component-base/metrics/prometheus/version"  // version metric, as upstream mains
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	proxy "k8s.io/kubernetes/cmd/kube-proxy/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 )
 
 // components maps a component name to the function that runs it with its own arguments and
@@ -36,10 +41,14 @@ var components = map[string]func(args []string) int{
 	"etcd":                    runEtcd,
 	"kube-apiserver":          cobraMain(apiserver.NewAPIServerCommand),
 	"kube-controller-manager": cobraMain(controllermanager.NewControllerManagerCommand),
+	"kube-proxy":              cobraMain(proxy.NewProxyCommand),
 	"kube-scheduler":          cobraMain(func() *cobra.Command { return scheduler.NewSchedulerCommand() }),
-	"kubelet-devicemanager":   runKubeletDeviceManager,
-	"kubelet-dra":             runKubeletDRA,
-	"version":                 runVersion,
+	"kubelet": cobraMain(func() *cobra.Command {
+		return kubelet.NewKubeletCommand(context.Background())
+	}),
+	"kubelet-devicemanager": runKubeletDeviceManager,
+	"kubelet-dra":           runKubeletDRA,
+	"version":               runVersion,
 }
 
 func cobraMain(newCommand func() *cobra.Command) func(args []string) int {

@@ -17,6 +17,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from lightkube import Client, KubeConfig
@@ -78,3 +79,35 @@ def controlplane(
 def admin(controlplane: ControlPlane) -> Client:
     """A lightkube client with the admin (system:masters) kubeconfig."""
     return Client(KubeConfig.from_file(controlplane.admin_kubeconfig))
+
+
+@pytest.fixture(scope="session")
+def real_cluster(controlplane_binary: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The control plane with kube-proxy, the cluster DNS stand-in and one real node
+    (``sharegpu-node-0``: kubelet + containerd, GPU node in cgpu mode with two fake T4s); see
+    realnode.py. Builds its tools first (a no-op when up to date). A piece that cannot be built
+    or started FAILS the tests."""
+    from .realnode import NodeError, RealNodeCluster
+
+    cluster = RealNodeCluster(controlplane_binary, [
+        ("sharegpu-node-0", {"ack.node.gpu.schedule": "cgpu"}, "Tesla T4:15109,Tesla T4:15109"),
+    ])
+    request.addfinalizer(cluster.stop)
+    try:
+        cluster.start()
+    except (NodeError, ControlPlaneError, OSError, subprocess.SubprocessError) as e:
+        pytest.fail(f"starting the real-node cluster failed: {e}", pytrace=False)
+    times = ", ".join(f"{k} {v:.1f}s" for k, v in cluster.seconds.items())
+    print(f"\nreal-node cluster up ({times}); work dir {cluster.workdir}", file=sys.stderr)
+    yield cluster
+    cluster.cp.check_alive()
+
+
+@pytest.fixture(scope="session")
+def real_release(real_cluster: Any) -> Any:
+    """``real_cluster`` with charts/sharegpu installed by helm (nodepods.install_release): every
+    pod of the release Running and Ready on the real node."""
+    from .nodepods import install_release
+
+    real_cluster.seconds["helm-install-ready"] = install_release(real_cluster)
+    return real_cluster

@@ -322,7 +322,10 @@ class ControlPlane:
     controller manager and the scheduler as ``--feature-gates``. ``scheduler_config`` is a
     KubeSchedulerConfiguration as a mapping (``clientConnection.kubeconfig`` is filled in) or the
     path of a complete file (which must name a kubeconfig: with ``--config`` the scheduler ignores
-    ``--kubeconfig``; use ``scheduler_kubeconfig``).
+    ``--kubeconfig``; use ``scheduler_kubeconfig``). ``advertise_address`` (a non-loopback address
+    of this machine) makes the API server listen on every address and publish that one as the
+    ``kubernetes`` Service's endpoint, so pods on real nodes reach it through the Service; by
+    default it listens on 127.0.0.1 only and publishes no endpoint.
     """
 
     def __init__(
@@ -335,7 +338,9 @@ class ControlPlane:
         workdir: Path | str | None = None,
         verbosity: int = 1,
         start_timeout: float = 120.0,
+        advertise_address: str | None = None,
     ) -> None:
+        self.advertise_address = advertise_address
         self.binary = Path(
             binary or os.environ.get("SHAREGPU_CONTROLPLANE_BIN", "") or DEFAULT_BINARY
         )
@@ -582,6 +587,7 @@ class ControlPlane:
             hosts=(
                 "127.0.0.1", "localhost", service_ip, "kubernetes", "kubernetes.default",
                 "kubernetes.default.svc", "kubernetes.default.svc.cluster.local",
+                *([self.advertise_address] if self.advertise_address else []),
             ),
             server=True,
         )  # fmt: skip
@@ -708,12 +714,18 @@ class ControlPlane:
 
         self._wait(comp, probe, "/health")
 
+    def _address_args(self) -> list[str]:
+        if self.advertise_address:
+            return ["--bind-address=0.0.0.0", f"--advertise-address={self.advertise_address}"]
+        # The "kubernetes" Service's endpoints would be 127.0.0.1, which validation refuses.
+        return ["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+                "--endpoint-reconciler-type=none"]
+
     def _start_apiserver(self) -> None:
         certs = self.workdir / "certs"
         args = [
             f"--etcd-servers=http://127.0.0.1:{self.etcd_client_port}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            *self._address_args(),
             f"--secure-port={self.apiserver_port}",
             f"--cert-dir={certs}",
             f"--tls-cert-file={self._apiserver_cert.cert}",
@@ -734,8 +746,6 @@ class ControlPlane:
             f"--service-account-key-file={self._sa_keys.cert}",
             f"--service-account-signing-key-file={self._sa_keys.key}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
-            # The "kubernetes" Service's endpoints would be 127.0.0.1, which validation refuses.
-            "--endpoint-reconciler-type=none",
             "--allow-privileged=true",
             "--profiling=false",
             f"--v={self.verbosity}",
