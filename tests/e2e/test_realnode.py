@@ -115,8 +115,14 @@ def test_a_shared_gpu_pod_is_placed_by_the_charts_scheduler_and_starts_with_its_
                   image=real_release.refs["SHAREGPU_REF"])
     status, body = create(cp, WORKLOADS, obj)
     assert status == 201, body
-    pod = wait("shared-1 running",
-                lambda: (p := get_pod(cp, WORKLOADS, "shared-1")) and ready(p) and p, 120)
-    got = report(node, pod, "c0")
-    check = compare(pod, 0, got, "cgpu", node_uuids(node))
-    assert not check.mismatches, (check, got)
+    try:
+        pod = wait("shared-1 running",
+                   lambda: (p := get_pod(cp, WORKLOADS, "shared-1")) and ready(p) and p, 120)
+        got = report(node, pod, "c0")
+        check = compare(pod, 0, got, "cgpu", node_uuids(node))
+        assert not check.mismatches, (check, got)
+    finally:
+        # the node is shared with the GPU tests of the session: a memory-only pod left on it
+        # would keep the pods asking for compute (core_mem) off it
+        cp.request("DELETE", f"/api/v1/namespaces/{WORKLOADS}/pods/shared-1")
+        wait("shared-1 gone", lambda: get_pod(cp, WORKLOADS, "shared-1") is None, 120)
