@@ -293,7 +293,7 @@ def test_faults_with_pods_running(real_release: RealNodeCluster, gpu_node: RealN
     still_running()
     # the agent pod killed: its DaemonSet makes a new one
     (agent,) = [p for p in list_pods(cp, NAMESPACE, "app.kubernetes.io/component%3Dagent")]
-    t0 = time.monotonic()
+    t0, killed_at = time.monotonic(), time.time()
     status, _ = cp.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/"
                                      f"{agent['metadata']['name']}?gracePeriodSeconds=0")
     assert status == 200
@@ -304,6 +304,12 @@ def test_faults_with_pods_running(real_release: RealNodeCluster, gpu_node: RealN
 
     wait("a new agent pod Ready", new_agent_ready, 180, every=0.5)
     times["agent pod killed -> new agent Ready"] = time.monotonic() - t0
+    # the agent pod is Ready before the kubelet has its plugins' devices again; a GPU pod the
+    # kubelet admits in between is rejected by the kubelet ("no healthy devices present"):
+    # wait until the kubelet has the new agent's GPU memory devices
+    wait("the kubelet to have the new agent's GPU memory devices",
+         lambda: gpu_node.plugin_registered_after(killed_at, MEM), 120)
+    times["agent pod killed -> devices with the kubelet again"] = time.monotonic() - t0
     times["agent pod killed -> new GPU pods running"] = gpu_pod_admitted("agent")
     still_running()
     all_pods = list_pods(cp, WORKLOADS)
