@@ -25,16 +25,8 @@ fail() {
 
 [ "${1:-}" = "--force" ] && FORCE=1
 
-GO=${GO:-$(command -v go || true)}
-[ -z "$GO" ] && [ -x /usr/local/go/bin/go ] && GO=/usr/local/go/bin/go
-[ -n "$GO" ] || fail "no Go toolchain found (install Go >= $GO_MIN or set GO=/path/to/go)"
-# An older local Go fetches the toolchain go.mod asks for through the module proxy.
-have=$("$GO" env GOVERSION 2>/dev/null | sed -E 's/^go([0-9]+\.[0-9]+).*/\1/') \
-    || fail "'$GO env GOVERSION' did not run"
-if [ "$(printf '%s\n%s\n' "$GO_MIN" "$have" | sort -V | head -n1)" != "$GO_MIN" ]; then
-    export GOTOOLCHAIN=go1.26.8
-    echo "build-controlplane: local Go is $have; using GOTOOLCHAIN=$GOTOOLCHAIN"
-fi
+# shellcheck source=scripts/go-toolchain.sh
+source "$ROOT/scripts/go-toolchain.sh"
 STAMP="$OUT.stamp"  # the toolchain that built $OUT: a new Go rebuilds
 
 # Up to date? The binary must be newer than e2e/controlplane/ (its files, and the directory
