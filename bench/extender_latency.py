@@ -301,6 +301,17 @@ def cpu_seconds(pid: int | None) -> float | None:
         return None
 
 
+def handler_seconds(metrics: bytes) -> dict[str, tuple[float, float]]:
+    """(sum of seconds, count) per verb of the extender's own request histogram."""
+    out: dict[str, list[float]] = {}
+    for line in metrics.decode().splitlines():
+        for part, i in (("_sum{", 0), ("_count{", 1)):
+            if line.startswith("sharegpu_extender_request_seconds" + part):
+                verb = line.split('verb="')[1].split('"')[0]
+                out.setdefault(verb, [0.0, 0.0])[i] = float(line.rsplit(" ", 1)[1])
+    return {v: (x[0], x[1]) for v, x in out.items()}
+
+
 async def drive(port: int, n_nodes: int, work: list[tuple[str, dict[str, Any]]], mode: str,
                 inflight: int, warmup: int = 0, server_pid: int | None = None) -> dict[str, Any]:
     bodies = plan(n_nodes, work, mode)
@@ -316,13 +327,7 @@ async def drive(port: int, n_nodes: int, work: list[tuple[str, dict[str, Any]]],
     async def server_time() -> dict[str, tuple[float, float]]:
         """(sum of seconds, count) per verb from the extender's own histogram."""
         _, body = await main.request("GET", "/metrics")
-        out: dict[str, list[float]] = {}
-        for line in body.decode().splitlines():
-            for part, i in (("_sum{", 0), ("_count{", 1)):
-                if line.startswith("sharegpu_extender_request_seconds" + part):
-                    verb = line.split('verb="')[1].split('"')[0]
-                    out.setdefault(verb, [0.0, 0.0])[i] = float(line.rsplit(" ", 1)[1])
-        return {v: (x[0], x[1]) for v, x in out.items()}
+        return handler_seconds(body)
 
     async def post(conn: Http, verb: str, body: bytes) -> Any:
         t0 = time.perf_counter()
@@ -606,13 +611,7 @@ async def drive_plain(port: int, work: list[dict[str, Any]], names_: list[str],
 
     async def handler() -> dict[str, tuple[float, float]]:
         _, body = await conn.request("GET", "/metrics")
-        out: dict[str, list[float]] = {}
-        for line in body.decode().splitlines():
-            for part, i in (("_sum{", 0), ("_count{", 1)):
-                if line.startswith("sharegpu_extender_request_seconds" + part):
-                    verb = line.split('verb="')[1].split('"')[0]
-                    out.setdefault(verb, [0.0, 0.0])[i] = float(line.rsplit(" ", 1)[1])
-        return {v: (x[0], x[1]) for v, x in out.items()}
+        return handler_seconds(body)
 
     warm = len(work) // 5
     errors = 0
