@@ -150,6 +150,15 @@ def scheduler_config(docs: Sequence[Mapping[str, Any]], extender_url: str) -> di
     raise AssertionError("the chart renders no KubeSchedulerConfiguration")
 
 
+def local_webhook_args(deployment: Mapping[str, Any], port: int, cert: Any, key: Any) -> list[str]:
+    """The chart's webhook container arguments with its listen address and TLS files swapped for
+    a webhook process run on this machine (127.0.0.1:``port``, ``cert`` and ``key``)."""
+    local = {"--listen": f"--listen=127.0.0.1:{port}", "--tls-cert": f"--tls-cert={cert}",
+             "--tls-key": f"--tls-key={key}"}
+    return [local.get(a.split("=", 1)[0], a)
+            for a in deployment["spec"]["template"]["spec"]["containers"][0]["args"]]
+
+
 def node_object(name: str, *, labels: Mapping[str, str] | None = None,
                 annotations: Mapping[str, str] | None = None,
                 resources: Mapping[str, str] | None = None) -> dict[str, Any]:

@@ -47,7 +47,14 @@ from sharegpu.modes import Mode
 from sharegpu.resourceslices import SliceGpu, build_slice
 from sharegpu_testing.tls import make_certificates
 
-from .components import SharegpuProcess, chart_docs, create_node, free_port, wait_for
+from .components import (
+    SharegpuProcess,
+    chart_docs,
+    create_node,
+    free_port,
+    local_webhook_args,
+    wait_for,
+)
 from .controlplane import ControlPlane
 
 DRIVER = "gpu.sharegpu.io"
@@ -163,12 +170,7 @@ def env(controlplane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) ->
 
         certs = make_certificates(tmp_path_factory.mktemp("drawh-tls"), hosts=("127.0.0.1",))
         port = free_port()
-        args = []
-        for a in dep["spec"]["template"]["spec"]["containers"][0]["args"]:
-            flag = a.split("=", 1)[0]
-            args.append({"--listen": f"--listen=127.0.0.1:{port}",
-                         "--tls-cert": f"--tls-cert={certs.cert}",
-                         "--tls-key": f"--tls-key={certs.key}"}.get(flag, a))
+        args = local_webhook_args(dep, port, certs.cert, certs.key)
         assert "--dra-label=sharegpu.io/dra=true" in args
         args.append(f"--kubeconfig={kubeconfig}")
         proc = SharegpuProcess(cp, f"drawh-{suffix}", args).start()

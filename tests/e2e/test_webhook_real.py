@@ -33,7 +33,7 @@ import pytest
 from sharegpu import request as rules
 from sharegpu_testing.tls import make_certificates
 
-from .components import SharegpuProcess, chart_docs, free_port
+from .components import SharegpuProcess, chart_docs, free_port, local_webhook_args
 from .components import wait_for as _wait_for
 from .controlplane import ControlPlane
 
@@ -121,12 +121,7 @@ def hook(controlplane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -
 
     certs = make_certificates(tmp_path_factory.mktemp("webhook-tls"), hosts=("127.0.0.1",))
     port = free_port()
-    args = []
-    for a in dep["spec"]["template"]["spec"]["containers"][0]["args"]:
-        flag = a.split("=", 1)[0]
-        args.append({"--listen": f"--listen=127.0.0.1:{port}",
-                     "--tls-cert": f"--tls-cert={certs.cert}",
-                     "--tls-key": f"--tls-key={certs.key}"}.get(flag, a))
+    args = local_webhook_args(dep, port, certs.cert, certs.key)
     assert f"--gpu-schedulers={GPU_SCHEDULER}" in args
     proc = SharegpuProcess(cp, f"webhook-{suffix}", args).start()  # no kubeconfig
     name = f"{vwc['metadata']['name']}-e2e-{suffix}"
