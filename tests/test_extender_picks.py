@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from sharegpu import names
 from sharegpu.annotations import decode
 from sharegpu.extender.bind import Binder
 from sharegpu.extender.metrics import Metrics
@@ -114,6 +115,30 @@ def test_the_next_filter_sees_the_hold_and_binds_in_any_order_succeed() -> None:
                 assert await env.bind(p, node) == ""
             assert env.app.metrics.latency.labels("prioritize")._sum.get() == 0
             assert len(env.view.picks) == 0 and env.view.drift() == []
+
+    _go(body())
+
+
+def test_the_assume_time_is_when_the_pick_was_made_not_when_the_bind_lands() -> None:
+    # the core's order of decisions is the picks' order; binds complete in any order, and a
+    # replay of the node's pods by assume-time must see them as they were decided
+    a, b, c = (kobjects.pod(n, mem=8) for n in ("a", "b", "c"))
+    ticks = iter(range(1_000, 10_000, 1_000))
+
+    async def body() -> None:
+        async with Picks([a, b, c]) as env:
+            env.view.picks.wall_ns = lambda: next(ticks)
+            (na,) = (await env.filter(a))["NodeNames"]
+            (nb,) = (await env.filter(b))["NodeNames"]
+            (nc,) = (await env.filter(c))["NodeNames"]
+            assert await env.bind(b, nb) == ""
+            assert await env.bind(a, na) == ""
+            other = next(n for n in ONE_NAMES if n not in (na, nb, nc))
+            assert await env.bind(c, other) == ""  # not the held node: assumed at the bind
+            times = {k: int(env.api.pods[f"default/{k}"]["metadata"]["annotations"][
+                names.ANN_ASSUME_TIME]) for k in "abc"}
+            assert (times["a"], times["b"]) == (1_000, 2_000)
+            assert times["c"] > 1_000_000_000  # the wall clock at its bind
 
     _go(body())
 

@@ -156,15 +156,20 @@ class Binder:
                          hinted: bool, deadline: float, path: str) -> BindOutcome | None:
         view = self.view()
         claim = self._claim(args, req)
+        # the assume-time is when the GPUs were assumed: the filter's pick when the bind
+        # confirms it (picks are made in scheduling order; binds land in any order), else now
+        held = view.inflight.get(req.key) if view.held_pick(req.key) == args.node else None
+        held_ns = view.picks.held_since_ns(req.key)
         try:
             r = view.reserve(req, args.node)
         except PlacementError as e:
             self._unclaim(args)
             raise BindError("no-fit", str(e)) from None
+        assumed_ns = held_ns if held is not None and r is held else None
         try:
             await self._wait_distinct(req, r, deadline)
             st = self.view().state
-            anns = encode(r.alloc, assume_time_ns=time.time_ns(),
+            anns = encode(r.alloc, assume_time_ns=assumed_ns or time.time_ns(),
                           gpu_capacity=st.gpu_capacity(args.node))
             if claim is not None:
                 anns = {**anns, **claim.annotations}

@@ -21,15 +21,17 @@ DEFAULT_TIMEOUT_S = 30.0
 
 
 class HeldPicks:
-    """Pod key -> (node, deadline) of the picks held now, oldest first."""
+    """Pod key -> (node, deadline, when held) of the picks held now, oldest first."""
 
     def __init__(self, timeout: float = DEFAULT_TIMEOUT_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 wall_ns: Callable[[], int] = time.time_ns) -> None:
         if timeout <= 0:
             raise ValueError("held picks: timeout must be > 0 seconds")
         self.timeout = timeout
         self.clock = clock
-        self._held: dict[str, tuple[str, float]] = {}
+        self.wall_ns = wall_ns
+        self._held: dict[str, tuple[str, float, int]] = {}
         self.expired_total = 0  # picks given up on their timeout (for metrics)
         # whether this replica holds picks now (the one that binds: a follower's holds would
         # stand for binds it never sees)
@@ -38,11 +40,16 @@ class HeldPicks:
     def hold(self, key: str, node: str) -> None:
         """Hold ``key``'s pick on ``node`` from now until the timeout."""
         self._held.pop(key, None)  # re-inserted last: the dict stays in deadline order
-        self._held[key] = (node, self.clock() + self.timeout)
+        self._held[key] = (node, self.clock() + self.timeout, self.wall_ns())
 
     def node(self, key: str) -> str | None:
         got = self._held.get(key)
         return got[0] if got is not None else None
+
+    def held_since_ns(self, key: str) -> int | None:
+        """When ``key``'s pick was made (UnixNano): the moment its GPUs were assumed."""
+        got = self._held.get(key)
+        return got[2] if got is not None else None
 
     def take(self, key: str) -> str | None:
         """Stop holding ``key`` and return the node it was held on (None: not held)."""
@@ -51,7 +58,7 @@ class HeldPicks:
 
     def on_node(self, node: str) -> list[str]:
         """The keys held on ``node``."""
-        return [k for k, (n, _d) in self._held.items() if n == node]
+        return [k for k, (n, _d, _t) in self._held.items() if n == node]
 
     def keys(self) -> list[str]:
         return list(self._held)
@@ -62,7 +69,7 @@ class HeldPicks:
             return []
         now = self.clock()
         out: list[str] = []
-        for key, (_node, deadline) in self._held.items():
+        for key, (_node, deadline, _t) in self._held.items():
             if deadline > now:
                 break
             out.append(key)
