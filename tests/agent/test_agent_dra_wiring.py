@@ -50,10 +50,13 @@ async def test_the_plugin_follows_the_pool_label_and_the_agent(harness, short_di
     # into the pool: the kubelet's plugin watcher finds the plugin, which prepares a claim
     h.kube.set_node_labels(NODE, {"sharegpu.io/dra": "true"})
     await wait_until(lambda: sockets(c) == (True, True) and h.counts() == NOTHING)
+    # not ready (the readiness probe's /readyz) until the kubelet registers the DRA plugin
+    assert h.agent.unready() == ["the kubelet has not registered the DRA plugin yet"]
     kubelet = TestDraKubelet(c.registry_dir)
     try:
         assert [r.name for r in await kubelet.discover()] == [dra.DRIVER]
         assert h.agent.dra_plugin.registered is True
+        assert h.agent.unready() == []
         h.kube.add_claim(claim("c1", [result("gpu-1", "6Gi", "30")], uid=UID))
         answers = await kubelet.prepare(dra.DRIVER, [("default", "c1", UID)])
         ids = [i for d in answers[UID].devices for i in d.cdi_device_ids]

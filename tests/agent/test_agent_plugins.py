@@ -271,3 +271,51 @@ def test_agent_refuses_a_bad_reserve(tmp_path, bad):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert (f"--reserve-mib='{bad}': must be a whole number of MiB, 0 or more, below 65536"
             in r.stderr)
+
+
+async def _get(port: int, path: str) -> str:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    await writer.drain()
+    body = (await reader.read()).decode()
+    writer.close()
+    return body
+
+
+async def test_readyz_waits_until_the_kubelet_has_every_resources_devices(harness):
+    # the agent pod's readiness probe: a pod the kubelet admits before it has a resource's
+    # devices is rejected by the kubelet, so the agent is Ready only once it has them all
+    from sharegpu.agent.metrics import serve
+
+    h = await harness(mode="cgpu")
+    server = await serve(h.agent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        await wait_until(lambda: h.agent.unready() == [], timeout=2.0)
+        assert (await _get(port, "/readyz")).startswith("HTTP/1.1 200")
+        # a plugin server restarted without the kubelet following it again: not ready, and why
+        p = h.agent.plugins[names.RES_GPU_MEM]
+        await p.stop()
+        await p.start(h.kubelet.dir)
+        got = await _get(port, "/readyz")
+        assert got.startswith("HTTP/1.1 503")
+        assert f"the kubelet has not listed {names.RES_GPU_MEM}'s devices yet" in got
+        assert (await _get(port, "/healthz")).startswith("HTTP/1.1 200")  # alive all along
+        # the kubelet restarts: every plugin registers again, is listed, ready again
+        await h.kubelet.restart()
+        await wait_until(lambda: h.agent.unready() == [], timeout=3.0)
+        assert (await _get(port, "/readyz")).startswith("HTTP/1.1 200")
+    finally:
+        server.close()
+
+
+async def test_not_ready_before_the_first_registration(short_dir):
+    from sharegpu.agent.deviceplugins import DevicePlugins
+
+    class NoKube:
+        async def create_node_event(self, *a, **kw):  # type: ignore[no-untyped-def]
+            raise AssertionError("no event expected")
+
+    plugins = DevicePlugins(short_dir, backend=None, node_name=NODE,  # type: ignore[arg-type]
+                            gpu_uuids=[], kube=NoKube(), poll_s=0.1)  # type: ignore[arg-type]
+    assert plugins.unready() == ["the device plugins have not registered with the kubelet yet"]

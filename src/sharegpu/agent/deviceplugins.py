@@ -87,6 +87,16 @@ class DevicePlugins:
             self.registrations += 1
         return ok
 
+    def unready(self) -> list[str]:
+        """Why the kubelet cannot admit a pod for this node's GPU resources yet (empty: it
+        can): a resource not registered, or whose device list the kubelet has not received
+        since its plugin (re)started."""
+        if not self.registrations:
+            return ["the device plugins have not registered with the kubelet yet"]
+        skipped = names.RES_NVIDIA_GPU if self.conflicts.get(names.RES_NVIDIA_GPU) else None
+        return [f"the kubelet has not listed {p.resource}'s devices yet"
+                for p in self.plugins.values() if p.resource != skipped and not p.listed]
+
     def _kubelet_id(self) -> tuple[int, int] | None:
         try:
             st = os.stat(os.path.join(self.directory, KUBELET_SOCKET))

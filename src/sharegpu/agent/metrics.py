@@ -1,4 +1,5 @@
-"""A minimal Prometheus text endpoint for the agent (``GET /metrics``, ``GET /healthz``).
+"""A minimal Prometheus text endpoint for the agent (``GET /metrics``, ``GET /healthz``), and
+its readiness (``GET /readyz``: 503 with the reasons until the kubelet has its devices).
 
 With a :class:`~.usage.UsageCollector`, ``/metrics`` also tells the GPU memory in use per
 container (NVML's per-process figures, by namespace, pod, container and GPU) and per GPU, beside
@@ -120,6 +121,10 @@ async def serve(agent: Agent, host: str, port: int,
                 status, body = "200 OK", render(agent, figures)
             elif path == "/healthz":
                 status, body = "200 OK", "ok\n"
+            elif path == "/readyz":
+                why = agent.unready()
+                status, body = ("200 OK", "ok\n") if not why else (
+                    "503 Service Unavailable", "".join(f"{w}\n" for w in why))
             else:
                 status, body = "404 Not Found", "not found\n"
             data = body.encode()

@@ -43,6 +43,9 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
         self._changed = asyncio.Condition()
         self._server: grpc.aio.Server | None = None
         self._closing = False
+        # whether the kubelet has this server's device list: a ListAndWatch answer was written
+        # since the server (re)started
+        self.listed = False
 
     # --- device list ---
     @property
@@ -78,6 +81,7 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
                 devices=[pb.Device(ID=d.id, health=HEALTHY if d.healthy else UNHEALTHY)
                          for d in devices]
             )
+            self.listed = True  # resumed once the answer is written
 
     async def GetPreferredAllocation(self, request, context):  # type: ignore[no-untyped-def]
         out = []
@@ -117,6 +121,7 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         self._closing = False
+        self.listed = False
         server = grpc.aio.server()
         pb_grpc.add_DevicePluginServicer_to_server(self, server)
         server.add_insecure_port(f"unix://{path}")

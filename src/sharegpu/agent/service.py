@@ -95,6 +95,18 @@ class Agent:
         finally:
             await self.stop()
 
+    def unready(self) -> list[str]:
+        """Why the kubelet cannot yet admit a GPU pod on this node through the agent (empty:
+        it can). The pod's readiness probe reads it (``/readyz``), so the agent pod is Ready
+        only once the kubelet has every resource's devices (and, in the DRA pool, has
+        registered the DRA plugin)."""
+        why = self.plugin_set.unready()
+        if self.dra_active:
+            p = self.dra_plugin
+            if p is None or not self.dra_serving or p.registered is not True:
+                why.append("the kubelet has not registered the DRA plugin yet")
+        return why
+
     # ------------------------------------------------------------------ what the parts know
     @property
     def mode(self) -> Mode:
