@@ -95,7 +95,7 @@ def test_shared_pod_becomes_one_claim_per_container() -> None:
 
 
 def test_cores_and_gpu_count_with_distinct_uuids() -> None:
-    pod = dra_pod(mem=8, core=30, gpu_count=2)  # 8 GiB over 2 GPUs: 4 GiB and 30 % each
+    pod = dra_pod(mem=8, core=60, gpu_count=2)  # 8 GiB and 60 % over 2 GPUs: 4 GiB and 30 % each
     pod["spec"]["containers"][0]["resources"]["requests"] = dict(
         pod["spec"]["containers"][0]["resources"]["limits"])  # as the API server defaults it
     tr = translate(pod, POOL)
@@ -298,7 +298,7 @@ def test_webhook_over_https_as_the_api_server_calls_it(tmp_path: Path) -> None:
         url = f"https://127.0.0.1:{port}"
         try:
             async with aiohttp.ClientSession() as s:
-                pod = dra_pod(mem=12, core=40, gpu_count=3)
+                pod = dra_pod(mem=12, core=120, gpu_count=3)  # 4 GiB and 40 % on each of 3
                 async with s.post(f"{url}/mutate", json=admission(pod), ssl=client_ctx) as r:
                     assert r.status == 200
                     body = await r.json()

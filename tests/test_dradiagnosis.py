@@ -78,7 +78,7 @@ def ack_pod(mem: int, *, core: int | None = None, count: int | None = None,
     statuses = []
     for entry, template in t.claims.items():
         gen = f"{name}-{entry}-x1y2z"
-        shape = Shape(mem // (count or 1), core or 0, count or 1)
+        shape = Shape(mem // (count or 1), (core or 0) // (count or 1), count or 1)
         assert shape.template_name == template
         tmpl = claim_template("ns", shape, Pool())
         claim = {"metadata": {"name": gen, "namespace": "ns"}, "spec": tmpl["spec"]["spec"]}

@@ -66,6 +66,25 @@ def test_gpu_count_spreads_memory_over_gpus():
     assert r.containers[0].gpu_mem == 4 and r.containers[0].gpus == 2 and r.total_mem == 8
 
 
+def test_gpu_count_spreads_compute_over_gpus_as_the_kubelet_counts_it():
+    # like gpu-mem, the container's gpu-core.percentage is its total over its GPUs: the
+    # kubelet hands it that many core devices, so each GPU gets an equal share of it
+    r = parse_pod(pod(containers=[limits(mem=8, core=60)], labels={"aliyun.com/gpu-count": "2"}))
+    c = r.containers[0]
+    assert (c.gpu_mem, c.gpu_core, c.gpus, r.kind) == (4, 30, 2, Kind.SHARED_CORE)
+    r = parse_pod(pod(containers=[limits(mem=8, core=200)], labels={"aliyun.com/gpu-count": "2"}))
+    assert r.containers[0].gpu_core == 100
+
+
+@pytest.mark.parametrize("value", [5, 15, 25, 205, 0])
+def test_compute_with_gpu_count_must_split_evenly_on_the_5_percent_grid(value):
+    assert refuse(pod(containers=[limits(mem=8, core=value)],
+                      labels={"aliyun.com/gpu-count": "2"})) == (
+        f"{CORE}={value!r}: with the pod label aliyun.com/gpu-count=2, must be a multiple of 10 "
+        "between 10 and 200 (each of the 2 GPUs gets gpu-core.percentage / 2, a multiple of 5)"
+    )
+
+
 def test_gpu_mem_must_divide_by_gpu_count():
     assert refuse(pod(containers=[limits(mem=7)], labels={"aliyun.com/gpu-count": "2"})) == (
         f"{MEM}=7: must be divisible by the pod label aliyun.com/gpu-count "

@@ -31,7 +31,8 @@ class Kind(StrEnum):
 class ContainerRequest:
     """One container's GPU request.
 
-    ``gpu_mem`` and ``gpu_core`` are per GPU; ``gpus`` is how many GPUs the container spans
+    ``gpu_mem`` and ``gpu_core`` are per GPU (the pod asks for their totals over its GPUs);
+    ``gpus`` is how many GPUs the container spans
     (``aliyun.com/gpu-count`` for shared requests, the card count for whole cards).
     """
 
@@ -87,6 +88,10 @@ class PodRequest:
 
 RULE_MEM = "must be a whole number of GiB, at least 1"
 RULE_CORE = "must be a multiple of 5 between 5 and 100"
+RULE_CORE_COUNT = (
+    "with the pod label {label}={k}, must be a multiple of {step} between {step} and {top} "
+    "(each of the {k} GPUs gets gpu-core.percentage / {k}, a multiple of 5)"
+)
 RULE_CORE_NEEDS_MEM = f"needs {names.RES_GPU_MEM} in the same container"
 RULE_CARDS = "must be a whole number of GPUs, at least 1"
 RULE_COUNT_LABEL = "must be a whole number of GPUs, at least 1"
@@ -194,7 +199,7 @@ def _container(
         if r == names.RES_GPU_MEM:
             values[r] = parse_whole(f, v, minimum=1)
         elif r == names.RES_GPU_CORE:
-            n = _parse_core(f, v)
+            n = _parse_core(f, v, gpu_count or 1)
             values[r] = n
         else:
             n = parse_whole(f, v, minimum=0)
@@ -228,20 +233,25 @@ def _container(
             raise ValidationError(
                 f, v, f"{RULE_COUNT_DIVIDES} (gpu-count={k})"
             )
-        core = values.get(names.RES_GPU_CORE, 0)
+        core = values.get(names.RES_GPU_CORE, 0)  # like gpu-mem, the total over the k GPUs
         kind = Kind.SHARED_CORE if core else Kind.SHARED
-        return kind, ContainerRequest(index, name, gpu_mem=mem // k, gpu_core=core, gpus=k,
+        return kind, ContainerRequest(index, name, gpu_mem=mem // k, gpu_core=core // k, gpus=k,
                                       isolation_off=isolation_opted_out(container))
     return Kind.NONE, None
 
 
-def _parse_core(f: str, v: Any) -> int:
+def _parse_core(f: str, v: Any, k: int) -> int:
+    """gpu-core.percentage: the total over the container's ``k`` GPUs, as the kubelet counts
+    it; each GPU gets an equal share on the 5 % grid."""
+    rule = RULE_CORE if k == 1 else RULE_CORE_COUNT.format(
+        label=names.POD_LABEL_GPU_COUNT, k=k, step=names.CORE_STEP * k,
+        top=names.CORE_PER_GPU * k)
     try:
-        n = parse_whole(f, v, minimum=names.CORE_STEP)
+        n = parse_whole(f, v, minimum=names.CORE_STEP * k)
     except ValidationError:
-        raise ValidationError(f, v, RULE_CORE) from None
-    if n % names.CORE_STEP or n > names.CORE_PER_GPU:
-        raise ValidationError(f, v, RULE_CORE)
+        raise ValidationError(f, v, rule) from None
+    if n % (names.CORE_STEP * k) or n > names.CORE_PER_GPU * k:
+        raise ValidationError(f, v, rule)
     return n
 
 

@@ -55,7 +55,7 @@ def kubelet_requests(req: PodRequest) -> dict[int, tuple[KubeletRequest, ...]]:
             continue
         asks = [(names.RES_GPU_MEM, c.total_mem)]
         if c.gpu_core:
-            asks.append((names.RES_GPU_CORE, c.gpu_core))
+            asks.append((names.RES_GPU_CORE, c.gpu_core * c.gpus))
         out[c.index] = tuple(sorted(asks))
     return out
 

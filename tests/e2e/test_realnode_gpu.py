@@ -241,12 +241,10 @@ def test_gpu_pods_start_with_their_shares(real_release: RealNodeCluster, gpu_nod
     delete_batch(real_release, prefix)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a multi-GPU pod asking for compute (gpu-core.percentage 40, gpu-count 2) is refused at "
-    "admission: the extender records 40 % on each GPU while the kubelet allocates 40 core "
-    "devices in all (it picked 22 % + 18 %), and the agent finds no decision matching them"))
 def test_multi_gpu_pod_with_compute_is_admitted(real_release: RealNodeCluster,
                                                 gpu_node: RealNode) -> None:
+    """gpu-core.percentage 40 with gpu-count 2: like gpu-mem, the total over the pod's GPUs
+    (the kubelet hands it 40 core devices), 20 % on each GPU in the decision."""
     set_mode(real_release, gpu_node, "core_mem")
     try:
         run_batch(real_release, gpu_node, "core_mem", "core-multi-gpu",
