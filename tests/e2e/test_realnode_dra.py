@@ -34,8 +34,10 @@ from typing import Any
 import pytest
 
 from sharegpu import dra, names
+from sharegpu.agent.cdi import SPEC_PREFIX
 
 from .nodeclaims import (
+    CDI_DIR,
     ClaimCheck,
     compare_claims,
     over_commit,
@@ -261,15 +263,24 @@ def dra_node(real_release: RealNodeCluster) -> Iterator[DraNode]:
              60)
         yield d
     finally:
+        # deleted gracefully: the kubelet stops them and unprepares their claims while the
+        # plugin is still registered
         cp.request("DELETE", f"/api/v1/namespaces/{WORKLOADS}/pods?labelSelector={BATCH}%3D1"
-                             "&gracePeriodSeconds=0")
+                             "&gracePeriodSeconds=1")
         wait("the DRA pods gone", lambda: not list_pods(cp, WORKLOADS, f"{BATCH}%3D1"), 120)
+        wait("every claim unprepared", lambda: not list(
+            node.host_path(CDI_DIR).glob(f"{SPEC_PREFIX}*.json")), 60)
         for kind in ("resourceclaims", "resourceclaimtemplates"):
             cp.request("DELETE", f"{RA}/namespaces/{WORKLOADS}/{kind}")
         patch_node_labels(cluster, node, {"sharegpu.io/dra": None})
         helm(cp, "upgrade", "sharegpu", str(CHART), "-n", NAMESPACE, timeout=300)
-        wait("the release Ready again without DRA", lambda: release_settled(cluster, False),
-             240, every=1)
+        try:
+            wait("the release Ready again without DRA", lambda: release_settled(cluster, False),
+                 240, every=1)
+        except BaseException:
+            print(pod_summary(list_pods(cp, NAMESPACE)), file=sys.stderr)
+            print(events_text(cp, NAMESPACE), file=sys.stderr)
+            raise
         print("\n" + "\n".join(f"{k}: {v:.1f}s" for k, v in d.times.items()), file=sys.stderr)
 
 
@@ -417,7 +428,7 @@ def test_deleted_pods_have_their_claims_unprepared(dra_node: DraNode) -> None:
     assert all(spec_path(d.node, u).exists() for u in uids), "a claim's spec is missing already"
     t0 = time.monotonic()
     for name in batch["pods"]:
-        cp.request("DELETE", f"/api/v1/namespaces/{WORKLOADS}/pods/{name}?gracePeriodSeconds=0")
+        cp.request("DELETE", f"/api/v1/namespaces/{WORKLOADS}/pods/{name}?gracePeriodSeconds=1")
     wait("the DRA pods gone", lambda: not any(get_pod(cp, WORKLOADS, n) for n in batch["pods"]),
          120)
     wait("every claim unprepared on the node", lambda: not _left_on_node(d, uids, cdi_ids), 60)
