@@ -273,7 +273,9 @@ def dra_node(real_release: RealNodeCluster) -> Iterator[DraNode]:
         for kind in ("resourceclaims", "resourceclaimtemplates"):
             cp.request("DELETE", f"{RA}/namespaces/{WORKLOADS}/{kind}")
         patch_node_labels(cluster, node, {"sharegpu.io/dra": None})
-        helm(cp, "upgrade", "sharegpu", str(CHART), "-n", NAMESPACE, timeout=300)
+        # without values helm upgrade would reuse the last ones (DRA on): back to the defaults
+        helm(cp, "upgrade", "sharegpu", str(CHART), "-n", NAMESPACE, "--reset-values",
+             timeout=300)
         try:
             wait("the release Ready again without DRA", lambda: release_settled(cluster, False),
                  240, every=1)
