@@ -263,6 +263,7 @@ def dra_node(real_release: RealNodeCluster) -> Iterator[DraNode]:
              60)
         yield d
     finally:
+        print("\n" + "\n".join(f"{k}: {v:.1f}s" for k, v in d.times.items()), file=sys.stderr)
         # deleted gracefully: the kubelet stops them and unprepares their claims while the
         # plugin is still registered
         cp.request("DELETE", f"/api/v1/namespaces/{WORKLOADS}/pods?labelSelector={BATCH}%3D1"
@@ -283,7 +284,6 @@ def dra_node(real_release: RealNodeCluster) -> Iterator[DraNode]:
             print(pod_summary(list_pods(cp, NAMESPACE)), file=sys.stderr)
             print(events_text(cp, NAMESPACE), file=sys.stderr)
             raise
-        print("\n" + "\n".join(f"{k}: {v:.1f}s" for k, v in d.times.items()), file=sys.stderr)
 
 
 def create_objects(d: DraNode) -> None:
