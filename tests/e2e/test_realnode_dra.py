@@ -35,6 +35,7 @@ import pytest
 
 from sharegpu import dra, names
 from sharegpu.agent.cdi import SPEC_PREFIX
+from sharegpu.agent.dracheckpoint import CHECKPOINT_FILE
 
 from .nodeclaims import (
     CDI_DIR,
@@ -69,6 +70,7 @@ DRA_VALUES = {"agent.dra.enabled": "true"}
 POOL = {"sharegpu.io/dra": "true"}
 RA = "/apis/resource.k8s.io/v1"
 BATCH = "sharegpu-e2e-dra"
+MULTI_GPU = "sharegpu-e2e-multi-gpu"  # a pod whose claim spans GPUs: bound before the next
 MEM, CORE = names.RES_GPU_MEM, names.RES_GPU_CORE
 SLEEP = 3600
 
@@ -95,9 +97,12 @@ def claim_pod(name: str, node: str, image: str, containers: Sequence[Sequence[st
               claims: Mapping[str, tuple[str, str]]) -> dict[str, Any]:
     """A pod with its own claims: ``claims`` maps the pod's claim name to (``template`` or
     ``claim``, object name); ``containers[i]`` lists the claim names container i uses."""
+    multi = any(kind == "template" and TEMPLATES.get(obj, (0, None, 1))[2] > 1
+                for kind, obj in claims.values())
     return {
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "labels": {"app": "sharegpu-e2e-gpu", BATCH: "1"}},
+        "metadata": {"name": name, "labels": {"app": "sharegpu-e2e-gpu", BATCH: "1",
+                                              **({MULTI_GPU: "1"} if multi else {})}},
         "spec": {
             "schedulerName": names.CO_SCHEDULER_NAME,
             "nodeSelector": {"kubernetes.io/hostname": node, **POOL},
@@ -336,8 +341,8 @@ def run_batch(d: DraNode, batch: str, pods: Sequence[dict[str, Any]],
         assert status == 201, body
         name = obj["metadata"]["name"]
         made.append(name)
-        multi = names.POD_LABEL_GPU_COUNT in obj["metadata"]["labels"] or name.endswith("x2")
-        if multi:
+        labels = obj["metadata"]["labels"]
+        if names.POD_LABEL_GPU_COUNT in labels or MULTI_GPU in labels:
             wait(f"{name} bound", lambda n=name: (p := get_pod(cp, WORKLOADS, n)) and
                  p["spec"].get("nodeName"), 90, every=0.3)
 
@@ -412,7 +417,7 @@ def test_dra_pods_start_with_their_claims_through_containerds_cdi(dra_node: DraN
 def _left_on_node(d: DraNode, uids: Sequence[str], cdi_ids: Sequence[str]) -> list[str]:
     node = d.node
     left = [f"CDI spec {spec_path(node, u).name}" for u in uids if spec_path(node, u).exists()]
-    agent_state = node.host_path("/var/lib/sharegpu/dra-claims.json")
+    agent_state = node.host_path(f"/var/lib/sharegpu/{CHECKPOINT_FILE}")  # the chart's stateDir
     recorded = json.loads(agent_state.read_text()).get("claims", {}) if agent_state.exists() \
         else {}
     left += [f"agent record {u}" for u in uids if u in recorded]
