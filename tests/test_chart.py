@@ -564,7 +564,7 @@ def test_dra_pool_deviceclass_rbac_and_agent_flags(tmp_path):
     # neither the plugin's rights nor its host directories
     assert "--dra-kubelet-plugin=off" in args_of(one(custom, "DaemonSet", "agent"))
     assert not [r for r in role["rules"] if "resourceclaims" in r["resources"]]
-    assert not {"dra-registry", "dra-plugin", "cdi", "vgpu-cache"} & {
+    assert not {"dra-registry", "dra-plugin", "cdi", "vgpu-cache", "vgpu-lock"} & {
         v["name"] for v in one(custom, "DaemonSet", "agent")["spec"]["template"]["spec"]["volumes"]}
 
 
@@ -573,6 +573,7 @@ HOST_DRA = {  # the DRA kubelet plugin's host directories, each mounted at the h
     "dra-plugin": "/var/lib/kubelet/plugins/gpu.sharegpu.io",
     "cdi": "/var/run/cdi",
     "vgpu-cache": "/tmp/sharegpu-vgpu",
+    "vgpu-lock": "/tmp/vgpulock",
 }
 
 

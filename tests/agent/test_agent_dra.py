@@ -11,6 +11,7 @@ import json
 import os
 import random
 import shutil
+import stat
 
 import grpc
 import pytest
@@ -261,6 +262,33 @@ async def test_fifty_prepares_at_once_each_get_their_own_gpu_and_limits(make_dra
     # unprepare again, and of a claim never seen: success
     again = await x.unprepare(claims[0], claim("never", []))
     assert [v.error for v in again.values()] == ["", ""]
+
+
+async def test_a_claims_writable_directories_are_open_to_any_container_user(make_dra):
+    """A container that does not run as root writes HAMi-core's shared cache into the claim's
+    own directory and its locks into the node's lock directory: the plugin makes the first
+    0777 (whatever the umask) and keeps the second 1777, as /tmp; unprepare removes only the
+    claim's own."""
+    x = await make_dra()
+    lock = f"{x.h.dir}/vgpulock"
+    os.makedirs(lock, exist_ok=True)
+    os.chmod(lock, 0o755)  # as a runtime makes a missing mount source: root's, closed to others
+    c = claim("c0", [result("gpu-0", "2Gi")], uid="0000aaaa-aaaa-4bbb-8ccc-000000000001")
+    uid = c["metadata"]["uid"]
+    x.kube.add_claim(c)
+    old = os.umask(0o077)
+    try:
+        answers = await x.prepare(c)
+    finally:
+        os.umask(old)
+    assert not answers[uid].error
+    _, mounts = x.view([f"sharegpu.io/gpu={uid}-gpu-0"])
+    own = f"{x.h.dir}/vgpu-cache/{uid}"
+    assert mounts["/tmp/sharegpu-vgpu"][0] == own and mounts["/tmp/vgpulock"][0] == lock
+    assert stat.S_IMODE(os.stat(own).st_mode) == 0o777
+    assert stat.S_IMODE(os.stat(lock).st_mode) == 0o1777
+    await x.unprepare(c)
+    assert not os.path.exists(own) and stat.S_IMODE(os.stat(lock).st_mode) == 0o1777
 
 
 async def test_agent_restart_in_the_middle_loses_nothing(make_dra):

@@ -4,9 +4,11 @@ their containers report, and comparing that with the placement recorded on the p
 Every GPU container runs :data:`REPORTER` (python3 of the project's image): it prints one line
 ``SHAREGPU-REPORT {json}`` with what it received (the GPU, isolation and MPS variables; whether the
 preload library, /etc/ld.so.preload, the NVML library and the MPS control socket are at their
-paths; whether the preload library is mapped into the process) and then sleeps, so the pod keeps
-running. The test reads that line from the container's log file on the node (the kubelet's
-``/var/log/pods``).
+paths; whether the preload library is mapped into the process; its whole environment, its
+mounts (source root, read-only, a file's sha256, a marker written into writable directories
+under ``/tmp`` when a container name is its second argument) and its device nodes) and then
+sleeps, so the pod keeps running. The test reads that line from the container's log file on the
+node (the kubelet's ``/var/log/pods``).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ WORKLOADS = "gpu-workloads"  # the GPU pods' namespace
 OVERRIDES: dict[str, str] = {}
 REPORT_TAG = "SHAREGPU-REPORT "
 REPORTER = r"""
-import json, os, sys, time
+import hashlib, json, os, stat, sys, time
 env = {k: v for k, v in os.environ.items()
        if k.startswith(("NVIDIA_", "CUDA_", "ALIYUN_", "GPU_", "LD_PRELOAD"))}
 pre = os.environ.get("LD_PRELOAD", "")
@@ -49,7 +51,33 @@ report = {
     "mps_control": bool(pipe) and os.path.exists(os.path.join(pipe, "control")),
     "shm_mounted": any(l.split()[4] == "/dev/shm" and "shm" not in l.split()[-2]
                        for l in open("/proc/self/mountinfo")),
+    "env_all": dict(os.environ),
 }
+# every mount point: the root of its source, read-only or not; a file's sha256; with a
+# container name (argv[2]), a marker file written into each writable directory under /tmp
+mounts = {}
+for line in open("/proc/self/mountinfo"):
+    f = line.split()
+    mounts[f[4]] = {"root": f[3], "ro": "ro" in f[5].split(",")}
+for mp, m in mounts.items():
+    if mp.startswith(("/proc", "/sys")):
+        continue
+    try:
+        if os.path.isfile(mp) and os.path.getsize(mp) < (64 << 20):
+            m["sha256"] = hashlib.sha256(open(mp, "rb").read()).hexdigest()
+        elif len(sys.argv) > 2 and os.path.isdir(mp) and not m["ro"] and mp.startswith("/tmp/"):
+            m["marker"] = ".report-" + os.environ.get("HOSTNAME", "") + "-" + sys.argv[2]
+            open(os.path.join(mp, m["marker"]), "w").write("written by the container\n")
+    except OSError as e:
+        m["error"] = str(e)
+report["mounts"] = mounts
+devices = {}
+for d, _, files in os.walk("/dev"):
+    for n in files:
+        st = os.lstat(os.path.join(d, n))
+        if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+            devices[os.path.join(d, n)] = [os.major(st.st_rdev), os.minor(st.st_rdev)]
+report["devices"] = devices
 print("SHAREGPU-REPORT " + json.dumps(report, sort_keys=True), flush=True)
 time.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 0)
 """
@@ -182,13 +210,21 @@ def container_log(node: RealNode, pod: Mapping[str, Any], container: str) -> str
 
 def report(node: RealNode, pod: Mapping[str, Any], container: str,
            timeout: float = 60) -> dict[str, Any] | None:
-    """The container's SHAREGPU-REPORT (CRI log lines: ``TIME STREAM TAG MESSAGE``)."""
+    """The container's SHAREGPU-REPORT (CRI log lines: ``TIME STREAM TAG MESSAGE``; a line
+    longer than the runtime's limit comes in parts tagged ``P``, the last one ``F``)."""
     deadline = time.monotonic() + timeout
     while True:
+        message = ""
         for line in container_log(node, pod, container).splitlines():
             parts = line.split(" ", 3)
-            if len(parts) == 4 and parts[3].startswith(REPORT_TAG):
-                return json.loads(parts[3][len(REPORT_TAG):])
+            if len(parts) != 4:
+                continue
+            message += parts[3]
+            if parts[2] == "P":
+                continue
+            if message.startswith(REPORT_TAG):
+                return json.loads(message[len(REPORT_TAG):])
+            message = ""
         if time.monotonic() > deadline:
             return None
         time.sleep(0.3)

@@ -16,10 +16,11 @@ kubelet and containerd enter it with ``nsenter``) where the host paths a GPU nod
 are bind mounts of the node's own root directory: ``/var/lib/kubelet``, ``/var/lib/sharegpu``,
 ``/usr/local/vgpu``, ``/run/nvidia`` (the driver root ``/run/nvidia/driver`` holding the fake
 ``libnvidia-ml.so.1``, a fake ``libcuda.so.1`` and the stand-in ``nvidia-cuda-mps-control``, as a
-driver container would put them), ``/var/log/nvidia-mps``, ``/run/cdi``, ``/var/log/pods`` and
-``/tmp/sharegpu-vgpu`` (and ``/run/containerd``, the shims' sockets). So the chart's default
-host paths serve every node unchanged, and nodes never share a file. Each node has its own cgroup parent (``cgroupRoot``), ports, containerd
-root, state and socket, CNI bridge and subnet (10.244.<i>.0/24).
+driver container would put them), ``/var/log/nvidia-mps``, ``/run/cdi``, ``/var/log/pods``,
+``/tmp/sharegpu-vgpu`` and ``/tmp/vgpulock`` (and ``/run/containerd``, the shims' sockets). So
+the chart's default host paths serve every node unchanged, and nodes never share a file. Each
+node has its own cgroup parent (``cgroupRoot``), ports, containerd root, state and socket, CNI
+bridge and subnet (10.244.<i>.0/24).
 
 containerd's runtime is a stand-in for NVIDIA's container runtime
 (standins/nvidia-container-runtime.py) in front of runc: a container whose env names GPUs gets
@@ -72,6 +73,7 @@ NODE_MOUNTS = {
     "/run/cdi": "cdi",
     "/var/log/pods": "pod-logs",
     "/tmp/sharegpu-vgpu": "vgpu-cache",
+    "/tmp/vgpulock": "vgpu-lock",  # HAMi-core's lock directory
     "/run/containerd": "run-containerd",  # the shims' sockets, fifos and runc state
 }
 IMAGE_ARCHIVES = ("pause", "sharegpu", "hami", "hami-nolib", "kube-scheduler")

@@ -424,7 +424,9 @@ def test_fail_closed_without_the_library_then_starts_once_it_is_there(
         cp.request("DELETE", f"/api/v1/namespaces/{WORKLOADS}/pods/no-lib")
         target.unlink()
     finally:
-        helm(cp, "upgrade", "sharegpu", str(CHART), "-n", NAMESPACE, timeout=300)
+        # without values helm upgrade would reuse the last ones (agent.hami.install=false)
+        helm(cp, "upgrade", "sharegpu", str(CHART), "-n", NAMESPACE, "--reset-values",
+             timeout=300)
         wait("the release Ready again", lambda: all(ready(p) for p in list_pods(cp, NAMESPACE))
              and len(list_pods(cp, NAMESPACE)) == 7, 240, every=1)
 

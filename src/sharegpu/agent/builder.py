@@ -62,7 +62,7 @@ def build_agent(config: AgentConfig, nvml: Nvml, kube: KubeApi,
     dra_node = DraNode(node_name=node, state_dir=config.state_dir, gpus=gpus,
                        read_claim=lambda ns, name: kube.get_resource_claim(ns, name),
                        isolation_guard=isolation.guard,
-                       grant=grant)
+                       grant=grant, open_dirs=(config.isolation_paths.hami_lock_dir,))
     dra_plugin = (DraPlugin(dra_node, config.dra_plugin)
                   if config.dra != "off" and config.dra_plugin is not None else None)
     dra_pool = DraPool(config.dra, config.dra_label, lambda: node_mode.labels, dra_plugin, node)

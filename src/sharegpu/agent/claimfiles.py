@@ -1,7 +1,12 @@
 """What a prepared claim leaves on the node: its CDI spec, the writable host directories made
 for it, and its record in the checkpoint. Written together (a failure removes what was
 written), removed together, and checked against each other at start: a spec no record names
-was written by a prepare that never answered, so no container uses it."""
+was written by a prepare that never answered, so no container uses it.
+
+The writable host directories a claim's containers get are made writable by any user: the
+claim's own (HAMi-core's shared cache, mode 0777, removed with the claim) and the node's shared
+``open_dirs`` (HAMi-core's lock directory, mode 1777 as ``/tmp``, kept). A container running as
+a user other than root would otherwise find them owned by root and closed to it."""
 
 from __future__ import annotations
 
@@ -18,10 +23,16 @@ from .isolation import ContainerEnv
 log = logging.getLogger(__name__)
 
 
+OWN_DIR_MODE = 0o777
+OPEN_DIR_MODE = 0o1777
+
+
 class ClaimFiles:
-    def __init__(self, cdi_dir: str, checkpoint: Checkpoint) -> None:
+    def __init__(self, cdi_dir: str, checkpoint: Checkpoint,
+                 open_dirs: Sequence[str] = ()) -> None:
         self.cdi_dir = cdi_dir
         self.checkpoint = checkpoint
+        self.open_dirs = frozenset(open_dirs)
 
     def load(self) -> None:
         """Read the checkpoint and remove the specs of claims it does not record."""
@@ -48,10 +59,12 @@ class ClaimFiles:
               entry: dict[str, Any]) -> dict[str, Any]:
         """Make the claim's writable directories (HAMi-core's shared cache), write its spec and
         record ``entry`` (with ``dirs`` added); on any failure remove all of it again."""
-        dirs = sorted({m.host_path for _, e in edits for m in e.mounts
-                       if not m.read_only and m.host_path.endswith(f"/{uid}")})
+        writable = {m.host_path for _, e in edits for m in e.mounts if not m.read_only}
+        dirs = sorted(d for d in writable if d.endswith(f"/{uid}"))
+        for d in sorted(writable & self.open_dirs):
+            _make_dir(d, OPEN_DIR_MODE)
         for d in dirs:
-            os.makedirs(d, exist_ok=True)
+            _make_dir(d, OWN_DIR_MODE)
         try:
             cdi.write_spec(self.cdi_dir, uid, cdi.build_spec(uid, ref, edits))
             entry = {**entry, "dirs": dirs}
@@ -76,3 +89,10 @@ class ClaimFiles:
             del self.checkpoint.claims[uid]
             self.checkpoint.save()
         return entry is not None or had_spec
+
+
+def _make_dir(path: str, mode: int) -> None:
+    """``path`` as a directory with exactly ``mode`` (whatever the umask)."""
+    os.makedirs(path, exist_ok=True)
+    if os.stat(path).st_mode & 0o7777 != mode:
+        os.chmod(path, mode)

@@ -47,8 +47,9 @@ SUPPORTED_SERVICES = (SERVICE_V1,)
 @dataclass(frozen=True)
 class DraNode:
     """What the plugin needs of the node agent: the node, its GPUs, a ResourceClaim reader,
-    the isolation guard as it is now, and the grant of one container's share (which applies
-    the node's back-end and labels, and counts a refusal)."""
+    the isolation guard as it is now, the grant of one container's share (which applies
+    the node's back-end and labels, and counts a refusal), and the node's shared writable
+    directories."""
 
     node_name: str
     state_dir: str
@@ -56,6 +57,9 @@ class DraNode:
     read_claim: Callable[[str, str], Awaitable[Mapping[str, Any]]]
     isolation_guard: Callable[[], Awaitable[Guard]]
     grant: Callable[[Candidate, Guard], Grant]
+    # host directories shared by every container that writes to them (HAMi-core's lock
+    # directory): kept writable by any user
+    open_dirs: Sequence[str] = ()
 
 
 class Refused(ShareGpuError):
@@ -97,7 +101,7 @@ class DraPlugin(pb_grpc.DRAPluginServicer):
         self.node = node
         self.config = config or DraConfig()
         self.checkpoint = Checkpoint(os.path.join(node.state_dir, CHECKPOINT_FILE))
-        self.files = ClaimFiles(self.config.cdi_dir, self.checkpoint)
+        self.files = ClaimFiles(self.config.cdi_dir, self.checkpoint, node.open_dirs)
         self.registered: bool | None = None  # what the kubelet last said
         self.registration_error = ""
         self.prepared = 0  # claims prepared (not answered from the checkpoint)
