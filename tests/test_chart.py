@@ -564,7 +564,7 @@ def test_dra_pool_deviceclass_rbac_and_agent_flags(tmp_path):
     # neither the plugin's rights nor its host directories
     assert "--dra-kubelet-plugin=off" in args_of(one(custom, "DaemonSet", "agent"))
     assert not [r for r in role["rules"] if "resourceclaims" in r["resources"]]
-    assert not {"dra-registry", "dra-plugin", "cdi", "vgpu-cache", "vgpu-lock"} & {
+    assert not {"dra-registry", "dra-plugin", "cdi"} & {
         v["name"] for v in one(custom, "DaemonSet", "agent")["spec"]["template"]["spec"]["volumes"]}
 
 
@@ -572,6 +572,8 @@ HOST_DRA = {  # the DRA kubelet plugin's host directories, each mounted at the h
     "dra-registry": "/var/lib/kubelet/plugins_registry",
     "dra-plugin": "/var/lib/kubelet/plugins/gpu.sharegpu.io",
     "cdi": "/var/run/cdi",
+}
+HOST_HAMI = {  # HAMi-core's writable host directories, which the agent opens to any user
     "vgpu-cache": "/tmp/sharegpu-vgpu",
     "vgpu-lock": "/tmp/vgpulock",
 }
@@ -587,15 +589,16 @@ def test_dra_kubelet_plugin_mounts_and_flags():
 
     assert (agent_cmd.REGISTRY_DIR, agent_cmd.PLUGINS_DIR, agent_cmd.CDI_DIR) == (
         REGISTRY_DIR, PLUGINS_DIR, CDI_DIR)
-    off = one(render(None), "DaemonSet", "agent")["spec"]["template"]["spec"]
+    off_ds = one(render(None), "DaemonSet", "agent")
+    off = off_ds["spec"]["template"]["spec"]
     assert not set(HOST_DRA) & {v["name"] for v in off["volumes"]}
     ds = one(render(None, "1.37.0", *DRA), "DaemonSet", "agent")
-    spec = ds["spec"]["template"]["spec"]
-    volumes = {v["name"]: v for v in spec["volumes"]}
-    mounts = {m["name"]: m for m in container(ds)["volumeMounts"]}
-    for name, path in HOST_DRA.items():
-        assert volumes[name]["hostPath"] == {"path": path, "type": "DirectoryOrCreate"}
-        assert mounts[name]["mountPath"] == path and not mounts[name].get("readOnly")
+    for d, dirs in ((ds, {**HOST_DRA, **HOST_HAMI}), (off_ds, HOST_HAMI)):
+        volumes = {v["name"]: v for v in d["spec"]["template"]["spec"]["volumes"]}
+        mounts = {m["name"]: m for m in container(d)["volumeMounts"]}
+        for name, path in dirs.items():
+            assert volumes[name]["hostPath"] == {"path": path, "type": "DirectoryOrCreate"}
+            assert mounts[name]["mountPath"] == path and not mounts[name].get("readOnly")
     a = args_of(ds)
     assert {"--dra-plugins-registry=/var/lib/kubelet/plugins_registry",
             "--dra-plugin-dir=/var/lib/kubelet/plugins/gpu.sharegpu.io",

@@ -193,6 +193,12 @@ async def test_no_library_refuses_with_the_reason_then_recovers(harness, short_d
     resp = await h.kubelet.allocate(names.RES_GPU_MEM, ids)
     assert resp.envs["LD_PRELOAD"] == HAMI_CONTAINER_LIBRARY
     assert resp.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3072m"
+    # HAMi-core's writable host directories exist before the container starts, open to a
+    # container running as any user: the pod's own cache 0777, the node's lock directory 1777
+    host = {m.container_path: m.host_path for m in resp.mounts}
+    assert host["/tmp/sharegpu-vgpu"].startswith(f"{short_dir}/cache/")
+    assert os.stat(host["/tmp/sharegpu-vgpu"]).st_mode & 0o7777 == 0o777
+    assert os.stat(host["/tmp/vgpulock"]).st_mode & 0o7777 == 0o1777
     assert {m.container_path for m in resp.mounts} >= {HAMI_CONTAINER_LIBRARY, "/tmp/vgpulock"}
     # the host's library, where HAMi-core looks for its own hooks in the container
     assert [m.host_path for m in resp.mounts if m.container_path == HAMI_CONTAINER_LIBRARY] \

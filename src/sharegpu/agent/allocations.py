@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Sequence
 
 from .allocate import (
@@ -18,6 +19,7 @@ from .allocate import (
     pending_candidates,
 )
 from .freshpods import FreshPods
+from .hostdirs import open_dirs
 from .isolationwatch import IsolationWatch
 from .kube import KubeApi
 from .nodemode import NodeMode
@@ -76,6 +78,7 @@ class Allocations:
                     self.failures += 1
                     raise
                 await asyncio.sleep(self.retry_s)
+        self._open_dirs(resource, grant)
         self.allocations += 1
         c = grant.candidate
         if c is not None:
@@ -85,6 +88,21 @@ class Allocations:
             self._background.add(t)
             t.add_done_callback(self._background.discard)
         return grant
+
+    def _open_dirs(self, resource: str, grant: Grant) -> None:
+        """Make the grant's writable HAMi-core directories on the host open to the container's
+        user (:mod:`.hostdirs`); refuse the container when they cannot be made."""
+        iso = self.allocator.isolation
+        writable = {m.host_path for m in grant.env.mounts if not m.read_only}
+        own = [d for d in writable if os.path.dirname(d) == iso.hami_cache_dir.rstrip("/")]
+        try:
+            open_dirs(own, writable & {iso.hami_lock_dir})
+        except OSError as e:
+            self.failures += 1
+            raise AllocationError(
+                f"{resource}: cannot make HAMi-core's host directories writable for the "
+                f"container: {e}; fix: make {iso.hami_cache_dir} and {iso.hami_lock_dir} "
+                "writable by the agent (the chart mounts both)") from None
 
     def cancel(self) -> None:
         for t in list(self._background):

@@ -18,13 +18,11 @@ from typing import Any
 
 from . import cdi
 from .dracheckpoint import Checkpoint
+from .hostdirs import open_dirs
 from .isolation import ContainerEnv
 
 log = logging.getLogger(__name__)
 
-
-OWN_DIR_MODE = 0o777
-OPEN_DIR_MODE = 0o1777
 
 
 class ClaimFiles:
@@ -61,10 +59,7 @@ class ClaimFiles:
         record ``entry`` (with ``dirs`` added); on any failure remove all of it again."""
         writable = {m.host_path for _, e in edits for m in e.mounts if not m.read_only}
         dirs = sorted(d for d in writable if d.endswith(f"/{uid}"))
-        for d in sorted(writable & self.open_dirs):
-            _make_dir(d, OPEN_DIR_MODE)
-        for d in dirs:
-            _make_dir(d, OWN_DIR_MODE)
+        open_dirs(dirs, writable & self.open_dirs)
         try:
             cdi.write_spec(self.cdi_dir, uid, cdi.build_spec(uid, ref, edits))
             entry = {**entry, "dirs": dirs}
@@ -89,10 +84,3 @@ class ClaimFiles:
             del self.checkpoint.claims[uid]
             self.checkpoint.save()
         return entry is not None or had_spec
-
-
-def _make_dir(path: str, mode: int) -> None:
-    """``path`` as a directory with exactly ``mode`` (whatever the umask)."""
-    os.makedirs(path, exist_ok=True)
-    if os.stat(path).st_mode & 0o7777 != mode:
-        os.chmod(path, mode)
