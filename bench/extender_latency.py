@@ -53,7 +53,7 @@ import devpath  # noqa: F401  (testing/ on sys.path)
 from sharegpu import names
 from sharegpu.annotations import Allocation, encode
 from sharegpu.modes import Mode
-from sharegpu.placement.base import resolve
+from sharegpu.placement.base import available, resolve
 from sharegpu_testing import kobjects
 
 MODES = [(Mode.CGPU, 0.45), (Mode.CORE_MEM, 0.2), (Mode.SHARE, 0.05), (Mode.MPS, 0.05),
@@ -193,7 +193,7 @@ def web_policy() -> dict[str, Any]:
 
 def serve(n_nodes: int, n_pods: int, q: Any, graded: bool = False, others: int = 0,
           kubelet_s: float = 0.0, work: list[dict[str, Any]] | None = None,
-          policy: bool = False) -> None:
+          policy: bool = False, placement: str = "default") -> None:
     from sharegpu.extender.bind import Binder
     from sharegpu.extender.metrics import Metrics
     from sharegpu.extender.server import ExtenderApp
@@ -201,7 +201,7 @@ def serve(n_nodes: int, n_pods: int, q: Any, graded: bool = False, others: int =
     from sharegpu_testing.memapi import MemoryApi
 
     async def main() -> None:
-        view = ClusterView("default", graded=graded)
+        view = ClusterView(placement, graded=graded)
         nodes = cluster(n_nodes)
         view.reset(nodes, other_pods(nodes, others))
         api = MemoryApi(work if work is not None else
@@ -422,7 +422,7 @@ async def drive(port: int, n_nodes: int, work: list[tuple[str, dict[str, Any]]],
 
 
 def direct(n_nodes: int, work: list[tuple[str, dict[str, Any]]], warmup: int,
-           others: int = 0, label: str = "") -> dict[str, Any]:
+           others: int = 0, label: str = "", placement: str = "default") -> dict[str, Any]:
     """The same pods through the view and the binder in one process, no HTTP: what the
     extender's own logic costs (the candidate lists of the ``scheduler`` scenario)."""
     from sharegpu.annotations import assigned_patch
@@ -432,13 +432,14 @@ def direct(n_nodes: int, work: list[tuple[str, dict[str, Any]]], warmup: int,
     from sharegpu_testing.memapi import MemoryApi
 
     nodes = cluster(n_nodes)
-    view = ClusterView("default")
+    view = ClusterView(placement)
     one_call = hasattr(view, "pick")  # the extender's filter answers with one node
     view.reset(nodes, other_pods(nodes, others))
     api = MemoryApi(p for _, p in work)
     binder = Binder(api, lambda: view)
     lists = candidate_lists(nodes, work, "scheduler")
     lat: dict[str, list[float]] = {"filter": [], "prioritize": [], "bind": []}
+    filter_cpu = [0.0]  # CPU seconds in filter (the process's own: robust to a busy machine)
 
     async def go() -> float:
         t_start = time.perf_counter()
@@ -446,8 +447,10 @@ def direct(n_nodes: int, work: list[tuple[str, dict[str, Any]]], warmup: int,
             if n == warmup:
                 for xs in lat.values():
                     xs.clear()
+                filter_cpu[0] = 0.0
                 t_start = time.perf_counter()
             cand = next(lists)
+            c0 = time.process_time()
             t0 = time.perf_counter()
             req = view.reader.request(pod)
             passed, _, _ = view.filter(req, cand)
@@ -456,6 +459,7 @@ def direct(n_nodes: int, work: list[tuple[str, dict[str, Any]]], warmup: int,
             if passed:
                 binder.hint(pod, req)
             t1 = time.perf_counter()
+            filter_cpu[0] += time.process_time() - c0
             if not passed:
                 continue
             if len(passed) == 1:
@@ -481,9 +485,12 @@ def direct(n_nodes: int, work: list[tuple[str, dict[str, Any]]], warmup: int,
         return round(float(np.percentile(np.array(xs) * 1000, q)), 3) if xs else 0.0
 
     label = "scheduler, in process (no HTTP)" + label
-    return {"candidates": label, "warmup_pods": warmup,
+    return {"candidates": label, "policy": f"{placement} ({resolve(placement)})",
+            "warmup_pods": warmup,
             "pods": len(work) - warmup,
             "pods_per_s": round((len(work) - warmup) / wall, 1),
+            "filter_cpu_ms_per_pod": round(1000 * filter_cpu[0] / max(len(work) - warmup, 1),
+                                           3),
             "latency_ms": {v: {"p50": pct(x, 50), "p99": pct(x, 99), "n": len(x)}
                            for v, x in lat.items()}}
 
@@ -670,17 +677,18 @@ def plain_pods(n_nodes: int, n_pods: int, policy: bool) -> dict[str, Any]:
 
 def run_scenario(n_nodes: int, n_pods: int, mode: str, inflight: int,
                  warmup: int, graded: bool = False, others: int = 0,
-                 kubelet_s: float = 0.0) -> dict[str, Any]:
+                 kubelet_s: float = 0.0, placement: str = "default") -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     proc = ctx.Process(target=serve,
                        args=(n_nodes, n_pods + warmup, q, graded, others, kubelet_s),
-                       daemon=True)
+                       kwargs={"placement": placement}, daemon=True)
     proc.start()
     try:
         port = q.get(timeout=600)
         work = pods(n_pods + warmup, host="template" if others else "")
         out = asyncio.run(drive(port, n_nodes, work, mode, inflight, warmup, proc.pid))
+        out["policy"] = f"{placement} ({resolve(placement)})"
         if graded:
             out["candidates"] += ", graded scores"
         if others:
@@ -793,6 +801,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--burst", type=int, default=0,
                    help="only the burst: this many pods of one shape at once, kubelets "
                         "admitting --kubelet-ms after each binding; time to all bound")
+    p.add_argument("--policy", action="append", metavar="NAME",
+                   help="placement policy of the extender (repeatable: every scenario runs "
+                        "once per policy, side by side; default: default)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--plain", type=int, default=0,
                    help="only pods without GPUs: this many, filtered and bound one by one, "
@@ -809,24 +820,38 @@ def main(argv: list[str] | None = None) -> int:
     if a.nodes < 1 or a.pods < 1 or a.warmup < 0:
         p.error("--nodes and --pods must be at least 1, --warmup at least 0")
     modes = ["scheduler", "all"] if a.candidates == "both" else [a.candidates]
+    placements = a.policy or ["default"]
+    unknown = [x for x in placements if resolve(x) not in available()]
+    if unknown:
+        p.error(f"--policy: unknown {', '.join(unknown)} (known: {', '.join(available())})")
     result: dict[str, Any] = {"nodes": a.nodes, "gpus_per_node": 8, "cpus": os.cpu_count(),
-                              "policy": f"default ({resolve('default')})", "scenarios": []}
+                              "policy": ", ".join(f"{x} ({resolve(x)})" for x in placements),
+                              "scenarios": []}
+    k = a.kubelet_ms / 1000
     for m in modes:
-        k = a.kubelet_ms / 1000
-        result["scenarios"].append(run_scenario(a.nodes, a.pods, m, a.inflight, a.warmup,
-                                                kubelet_s=k))
+        for pol in placements:
+            result["scenarios"].append(run_scenario(a.nodes, a.pods, m, a.inflight, a.warmup,
+                                                    kubelet_s=k, placement=pol))
         if m == "scheduler" and a.other_pods:  # the same with CPU and memory counted
-            result["scenarios"].append(run_scenario(a.nodes, a.pods, m, a.inflight, a.warmup,
-                                                    others=a.other_pods, kubelet_s=k))
+            for pol in placements:
+                result["scenarios"].append(run_scenario(
+                    a.nodes, a.pods, m, a.inflight, a.warmup, others=a.other_pods,
+                    kubelet_s=k, placement=pol))
         if m == "scheduler" and not a.no_graded:  # the same with every node scored
-            result["scenarios"].append(run_scenario(a.nodes, a.pods, m, a.inflight, a.warmup,
-                                                    graded=True, kubelet_s=k))
-    result["scenarios"].append(direct(a.nodes, pods(a.pods + a.warmup), a.warmup))
+            for pol in placements:
+                result["scenarios"].append(run_scenario(
+                    a.nodes, a.pods, m, a.inflight, a.warmup, graded=True, kubelet_s=k,
+                    placement=pol))
+    for pol in placements:
+        result["scenarios"].append(direct(a.nodes, pods(a.pods + a.warmup), a.warmup,
+                                          placement=pol))
     if a.other_pods:
         for host in ("template", "random"):
-            result["scenarios"].append(direct(
-                a.nodes, pods(a.pods + a.warmup, host=host), a.warmup, others=a.other_pods,
-                label=f", +{a.other_pods:,} non-GPU pods, GPU pods with CPU/memory ({host})"))
+            for pol in placements:
+                result["scenarios"].append(direct(
+                    a.nodes, pods(a.pods + a.warmup, host=host), a.warmup, others=a.other_pods,
+                    label=f", +{a.other_pods:,} non-GPU pods, GPU pods with CPU/memory ({host})",
+                    placement=pol))
     if a.rebuild_pods:
         result["rebuild"] = [rebuild_time(a.nodes, a.rebuild_pods)]
         if a.other_pods:
@@ -838,7 +863,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for s in result["scenarios"]:
             lat = s["latency_ms"]
-            print(f"{s['candidates']}: {s['pods_per_s']} pods/s; "
+            print(f"{s['candidates']} [{s['policy']}]: {s['pods_per_s']} pods/s; "
                   + "; ".join(f"{v} p50 {x['p50']} ms p99 {x['p99']} ms" for v, x in lat.items()))
         for r in result.get("rebuild", []):
             print(f"rebuild: {r['pods']} GPU pods + {r['other_pods']} others on {r['nodes']} "

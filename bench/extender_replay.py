@@ -1,6 +1,7 @@
 """The openb trace through the scheduler extender over HTTP, against the fake API server,
-compared with ``sharegpu simulate`` for the same seed (strand): the same placements and
-unallocated %, and what the extender gives when CPU and memory are hidden from it.
+compared with ``sharegpu simulate`` for the same seed and policy (the default policy unless
+``--policy``): the same placements and unallocated %, and what the extender gives when CPU and
+memory are hidden from it.
 
     python bench/extender_replay.py --trace ../shared/traces/openb --seed 42 --json
 
@@ -32,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trace", type=Path, default=Path("../shared/traces/openb"))
     p.add_argument("--workload", default="default")
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--policy", default="strand")
+    p.add_argument("--policy", default="default",
+                   help="placement policy (default: the default, strandfill)")
     p.add_argument("--step", type=int, default=1, help="every STEP-th node of the trace")
     p.add_argument("--no-hidden", action="store_true",
                    help="skip the replay with CPU and memory hidden from the extender")

@@ -124,5 +124,5 @@ def test_policies_says_what_each_does():
     r = run("policies")
     lines = dict(ln.split(None, 1) for ln in r.stdout.splitlines())
     assert lines["strand"].startswith("Strand: FGD's fragmentation gradient")
-    assert lines["default"] == "the default: strand"
+    assert lines["default"] == "the default: strandfill"
     assert all(len(v) > 20 for k, v in lines.items() if k != "default")

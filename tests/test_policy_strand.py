@@ -190,11 +190,6 @@ def test_registered_and_needs_a_workload() -> None:
     assert resolve("strand") == "strand"
 
 
-def test_strand_is_the_default_policy() -> None:
-    assert resolve("default") == "strand"
-    assert type(get_policy("default")) is type(get_policy("strand"))
-
-
 def test_multi_container_pod_is_placed_through_the_slow_path() -> None:
     from sharegpu.request import ContainerRequest, Kind, PodRequest
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from sharegpu.placement import get_policy
+from sharegpu.placement.base import resolve
 from sharegpu.placement.fragmentation import TargetWorkload
 from sharegpu.placement.policies.strandfill import StrandFill
 from sharegpu.placement.rowmemo import row_keys
@@ -103,6 +104,11 @@ def test_same_decisions_as_strandlp_when_cpu_and_memory_do_not_bind() -> None:
             assert (a.node_name, a.alloc.mem) == (b.node_name, b.alloc.mem)
             placed += 1
     assert placed > 40
+
+
+def test_strandfill_is_the_default_policy() -> None:
+    assert resolve("default") == "strandfill"
+    assert type(get_policy("default")) is StrandFill
 
 
 def test_registered_and_needs_a_workload() -> None:

@@ -147,15 +147,15 @@ def test_generate_writes_openb_files(tmp_path):
 def test_cli_default_without_a_trace_is_the_quick_look(capsys):
     assert main(["simulate", "--seeds", "42", "--json", "--jobs", "1"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert [r["policy"] for r in out["results"]] == ["random", "bestfit", "fgd", "strand"]
+    assert [r["policy"] for r in out["results"]] == ["random", "bestfit", "fgd", "strandfill"]
 
 
 def test_defaults_with_a_trace_are_the_papers_comparison():
     from sharegpu.commands.simulate import defaults
 
     assert defaults(True) == (
-        ["random", "dotprod", "clustering", "packing", "bestfit", "fgd", "strand"], "42..51")
-    assert defaults(False) == (["random", "bestfit", "fgd", "strand"], "42..44")
+        ["random", "dotprod", "clustering", "packing", "bestfit", "fgd", "strandfill"], "42..51")
+    assert defaults(False) == (["random", "bestfit", "fgd", "strandfill"], "42..44")
 
 
 def test_an_unknown_workload_lists_the_ones_there(tmp_path, capsys):

@@ -55,7 +55,7 @@ class Replay:
 
 
 def simulate(nodes: Sequence[NodeSpec], pods: Sequence[TracePod], seed: int,
-             policy: str = "strand", workload: str = "default"
+             policy: str = "default", workload: str = "default"
              ) -> tuple[RunResult, list[str | None]]:
     """``sharegpu simulate`` for one seed and policy, with each pod's node."""
     placements: list[str | None] = []
@@ -152,7 +152,7 @@ def _plain(name: str, node: str, res: dict[str, Any], phase: str) -> dict[str, A
 
 
 async def replay(fake: FakeApiServer, nodes: Sequence[NodeSpec], pods: Sequence[TracePod],
-                 seed: int, sim_placements: Sequence[str | None], *, policy: str = "strand",
+                 seed: int, sim_placements: Sequence[str | None], *, policy: str = "default",
                  hide_host: bool = False, inflation: float = 1.3,
                  on_progress: Callable[[int], None] | None = None) -> Replay:
     """Play the seed's stream through an extender replica over HTTP (see the module)."""

@@ -14,16 +14,17 @@ DESCRIPTION = (
     "Replays pods through the same core that schedules a cluster, following the FGD paper's "
     "protocol (shuffle per seed, inflate to 1.3x capacity, arrival only, one try per pod). "
     "Without --trace it runs a quick look on a generated cluster and workload: four policies, "
-    "three seeds. With --trace it runs the paper's comparison: its six policies and strand, "
+    "three seeds. With --trace it runs the paper's comparison: its six policies and "
+    "sharegpu's default (strandfill), "
     "seeds 42..51."
 )
 PAPER_POLICIES = ["random", "dotprod", "clustering", "packing", "bestfit", "fgd"]
-DEFAULT_POLICIES = [*PAPER_POLICIES, "strand"]  # the paper's six, then sharegpu's own
+DEFAULT_POLICIES = [*PAPER_POLICIES, "strandfill"]  # the paper's six, then sharegpu's default
 PAPER_SEEDS = "42..51"
 # the quick look without a trace: the floor (random), the best of the paper's baselines, the
 # paper's policy and sharegpu's default, on three seeds: about a fifth of the CPU of all seven
 # policies on ten seeds (docs/simulator.md)
-QUICK_POLICIES = ["random", "bestfit", "fgd", "strand"]
+QUICK_POLICIES = ["random", "bestfit", "fgd", "strandfill"]
 QUICK_SEEDS = "42..44"
 
 
@@ -129,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         if args.trace is None and not args.policy and not args.seeds:
             print(f"A quick look: {len(policies)} policies × seeds {default_seeds} on the "
                   "generated cluster. The paper's comparison: --trace DIR (its six policies and "
-                  f"strand, seeds {PAPER_SEEDS}); docs/simulator.md.")
+                  f"{DEFAULT_POLICIES[-1]}, seeds {PAPER_SEEDS}); docs/simulator.md.")
     if args.plot:
         report.plot(summaries, args.plot)
         err.print(f"plot written to {args.plot}")

@@ -19,7 +19,7 @@ from ..request import PodRequest
 from ..state import ClusterState
 
 _REGISTRY: dict[str, type[Policy]] = {}
-ALIASES: dict[str, str] = {"default": "strand"}
+ALIASES: dict[str, str] = {"default": "strandfill"}  # the least stranded on the openb traces
 
 
 class Policy:

@@ -93,16 +93,27 @@ class Strand(MovePolicy):
                          self.model.rows(free, cpu, mem, model),
                          self.claim.rows(free, cpu, mem, model)], axis=1)
 
-    def gains(
+    def move_measures(
         self, state: ClusterState, req: PodRequest, nodes: np.ndarray, ri: np.ndarray,
         rows: np.ndarray,
-    ) -> np.ndarray:
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The measures (:meth:`measures`' columns) of each move's node before and after it."""
         cpu, mem, model = state.cpu_free[nodes], state.mem_free[nodes], state.model[nodes]
         before = row_keys(state.gpu_free[nodes], cpu, mem, model)
         after = row_keys(rows, cpu[ri] - req.cpu_milli, mem[ri] - req.mem_mib, model[ri])
         m = self.measures(np.concatenate([before, after]))
-        d = m[: len(nodes)][ri] - m[len(nodes) :]  # before − after, per move
+        return m[: len(nodes)][ri], m[len(nodes) :]
+
+    def rate_moves(self, before: np.ndarray, after: np.ndarray) -> np.ndarray:
+        """Strand's score of moves from their nodes' measures before and after."""
+        d = before - after
         return self.rate(d[:, 0], d[:, 1], d[:, 2])
+
+    def gains(
+        self, state: ClusterState, req: PodRequest, nodes: np.ndarray, ri: np.ndarray,
+        rows: np.ndarray,
+    ) -> np.ndarray:
+        return self.rate_moves(*self.move_measures(state, req, nodes, ri, rows))
 
     def refresh(self, state: ClusterState) -> None:
         if self.model is None:

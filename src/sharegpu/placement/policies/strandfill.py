@@ -18,8 +18,9 @@ node left with two whole GPUs and 14 cores kills both). Unlike strandlp, every p
 this way, not only shares. The score is strand's minus :data:`.strandlp.WEIGHT` times the loss
 rounded to :data:`.strandlp.LOSS_QUANTUM`: the loss decides first, strand among equal losses.
 
-``N`` reads a node's own row only (free GPU amounts, CPU, memory, model), so strand's caches
-and the extender's row-local scoring apply. See docs/strandlp.md.
+``N`` reads a node's own row only (free GPU amounts, CPU, memory, model), so it is kept beside
+strand's measures of the row (one key, one look-up), and the extender's row-local scoring
+applies. See docs/strandfill.md.
 """
 
 from __future__ import annotations
@@ -30,13 +31,13 @@ from ...request import PodRequest
 from ...state import ClusterState
 from ..base import register
 from ..fragmentation import TargetWorkload
-from ..rowmemo import RowMemo, row_keys
 from .strandlp import LOSS_QUANTUM, WEIGHT, StrandLP
 
 #: a free amount counts while more than this share of the pods that could fill it still fit the
 #: node's CPU, memory and model (measured on openb ``default``, 10 seeds: 0 → 4.04 %, with
 #: shares only; 0.2 → 3.90, 0.3 → 3.91, 0.4 → 3.93, 0.5 → 3.96, all pods priced)
 LIVE = 0.25
+WORTH = 3  # the column of ``N`` among a row's measures (after strand's F, R and V)
 
 
 @register
@@ -45,7 +46,6 @@ class StrandFill(StrandLP):
 
     def __init__(self, **options: object) -> None:
         super().__init__(**options)
-        self.node_memo = RowMemo()
         self._history: TargetWorkload | None = None
         self._access_models = -1
 
@@ -67,19 +67,23 @@ class StrandFill(StrandLP):
         self.t_weight = h.p * worth  # frequency × price (× GPUs for whole-GPU pods)
         self.access = h.access(state.models)
         self._access_models = len(state.models)
-        self.node_memo = RowMemo()
+        self.memo.clear()
 
     def refresh(self, state: ClusterState) -> None:
-        super().refresh(state)
+        super().refresh(state)  # clears the measures when a card model is new
         if self._history is not None and len(state.models) != self._access_models:
             self.access = self._history.access(state.models)  # a new card model
             self._access_models = len(state.models)
-            self.node_memo.clear()
+            self.memo.clear()
 
     # -- a node's worth -----------------------------------------------------------------------
+    def _compute(self, keys: np.ndarray) -> np.ndarray:
+        """Strand's F, R and V of each row, then its worth ``N`` (column :data:`WORTH`)."""
+        return np.concatenate([super()._compute(keys), self._worth(keys)[:, None]], axis=1)
+
     def node_worth(self, keys: np.ndarray) -> np.ndarray:
         """``N`` of rows given by :func:`..rowmemo.row_keys` (free GPU, CPU, memory, model)."""
-        return self.node_memo(keys, self._worth)
+        return self.measures(keys)[:, WORTH]
 
     def _worth(self, keys: np.ndarray) -> np.ndarray:
         assert self.prices is not None
@@ -112,12 +116,7 @@ class StrandFill(StrandLP):
         self, state: ClusterState, req: PodRequest, nodes: np.ndarray, ri: np.ndarray,
         rows: np.ndarray,
     ) -> np.ndarray:
-        score = super(StrandLP, self).gains(state, req, nodes, ri, rows)  # strand's
-        if self.prices is None:
-            return score
-        cpu, mem, model = state.cpu_free[nodes], state.mem_free[nodes], state.model[nodes]
-        before = self.node_worth(row_keys(state.gpu_free[nodes], cpu, mem, model))
-        after = self.node_worth(
-            row_keys(rows, cpu[ri] - req.cpu_milli, mem[ri] - req.mem_mib, model[ri]))
-        loss = before[ri] - self.pod_worth(req) - after
+        before, after = self.move_measures(state, req, nodes, ri, rows)
+        score = self.rate_moves(before, after)  # strand's
+        loss = before[:, WORTH] - self.pod_worth(req) - after[:, WORTH]
         return score - WEIGHT * np.round(loss / LOSS_QUANTUM) * LOSS_QUANTUM
