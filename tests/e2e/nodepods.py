@@ -98,7 +98,7 @@ def gpu_pod(name: str, limits: Sequence[Mapping[str, int]], *, node: str,
             "restartPolicy": "Never",
             "containers": [
                 {"name": f"c{i}", "image": image, "imagePullPolicy": "Never",
-                 "command": ["python3", "-c", REPORTER, str(sleep)],
+                 "command": ["python3", "-c", REPORTER, str(sleep), f"c{i}"],
                  "resources": {"limits": {r: str(v) for r, v in lim.items()}}}
                 for i, lim in enumerate(limits)
             ],
@@ -299,6 +299,12 @@ def compare(pod: Mapping[str, Any], index: int, got: Mapping[str, Any] | None, m
         want_sm = str(min(core.values())) if core and min(core.values()) < 100 else None
         if env.get("CUDA_DEVICE_SM_LIMIT") != want_sm:
             bad.append(f"CUDA_DEVICE_SM_LIMIT={env.get('CUDA_DEVICE_SM_LIMIT')!r}, want {want_sm}")
+        # HAMi-core's cache and lock directories: written by the container (the image's
+        # user is not root)
+        for mp in ("/tmp/sharegpu-vgpu", "/tmp/vgpulock"):
+            m = (got.get("mounts") or {}).get(mp)
+            if m is None or m.get("ro") or m.get("error") or not m.get("marker"):
+                bad.append(f"mount {mp}: not written by the container ({m})")
     elif backend == "mps":
         want = ",".join(f"{j}={int(mem[g]) * 1024}M" for j, g in enumerate(gpus))
         if env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT") != want:
