@@ -51,43 +51,55 @@ def build() -> None:
          cwd=REPO)
 
 
-def filter_rules() -> list[str]:
-    """This machine's filter table (``iptables-save -t filter``), one rule or chain a line."""
-    return _run(["iptables-save", "-t", "filter"], "iptables-save").splitlines()
+def _in(netns: str | None, argv: list[str]) -> list[str]:
+    return ["ip", "netns", "exec", netns, *argv] if netns else argv
 
 
-def kube_router_rules() -> list[str]:
+def filter_rules(netns: str | None = None) -> list[str]:
+    """The filter table (``iptables-save -t filter``) of this machine or of network namespace
+    ``netns``, one rule or chain a line."""
+    return _run(_in(netns, ["iptables-save", "-t", "filter"]), "iptables-save").splitlines()
+
+
+def kube_router_rules(netns: str | None = None) -> list[str]:
     """The lines of the filter table that are kube-router's (its chains and the jumps to them)."""
-    return [line for line in filter_rules()
+    return [line for line in filter_rules(netns)
             if any(p in line for p in CHAIN_PREFIXES)]
 
 
-def remove_rules() -> None:
+def remove_rules(netns: str | None = None) -> None:
     """Remove kube-router's jumps from the built-in chains, then its chains, then its ipsets."""
-    lines = filter_rules()
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(_in(netns, list(argv)), capture_output=True, text=True)
+
+    lines = filter_rules(netns)
     for line in lines:
         words = shlex.split(line)
         if len(words) >= 4 and words[0] == "-A" and words[1] in BUILTIN_CHAINS and \
                 "-j" in words and words[words.index("-j") + 1].startswith(CHAIN_PREFIXES):
-            subprocess.run(["iptables", "-t", "filter", "-D", *words[1:]], capture_output=True)
+            run("iptables", "-t", "filter", "-D", *words[1:])
     chains = [line[1:].split()[0] for line in lines
               if line.startswith(":") and line[1:].startswith(CHAIN_PREFIXES)]
     for chain in chains:
-        subprocess.run(["iptables", "-t", "filter", "-F", chain], capture_output=True)
+        run("iptables", "-t", "filter", "-F", chain)
     for chain in chains:
-        subprocess.run(["iptables", "-t", "filter", "-X", chain], capture_output=True)
+        run("iptables", "-t", "filter", "-X", chain)
     if shutil.which("ipset"):
-        sets = subprocess.run(["ipset", "list", "-n"], capture_output=True, text=True).stdout
-        for name in sets.split():
+        for name in run("ipset", "list", "-n").stdout.split():
             if name.startswith(IPSET_PREFIXES):
-                subprocess.run(["ipset", "destroy", name], capture_output=True)
+                run("ipset", "destroy", name)
 
 
 class KubeRouterFirewall:
-    """kube-router's network policy controller for node ``node_name`` (a host process)."""
+    """kube-router's network policy controller for node ``node_name``: a host process, or one in
+    network namespace ``netns`` reaching the API server at ``api_address`` (the control plane's
+    advertised address) and answering health checks at ``health_address``."""
 
-    def __init__(self, cp: ControlPlane, node_name: str, workdir: Path) -> None:
+    def __init__(self, cp: ControlPlane, node_name: str, workdir: Path, *,
+                 netns: str | None = None, api_address: str = "",
+                 health_address: str = "127.0.0.1") -> None:
         self.cp, self.node_name = cp, node_name
+        self.netns, self.api_address, self.health_address = netns, api_address, health_address
         self.log = workdir / "logs" / "kube-router.log"
         self.health = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -118,14 +130,17 @@ class KubeRouterFirewall:
         build()
         self._grant()
         kubeconfig = self.cp.kubeconfig_for(USER)
+        if self.api_address:
+            kubeconfig.write_text(kubeconfig.read_text().replace(
+                "https://127.0.0.1:", f"https://{self.api_address}:"))
         t0 = time.monotonic()
-        self.proc = _launch([
+        self.proc = _launch(_in(self.netns, [
             str(KUBE_ROUTER), f"--kubeconfig={kubeconfig}",
             f"--hostname-override={self.node_name}",
             "--run-firewall=true", "--run-router=false", "--run-service-proxy=false",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             f"--health-port={self.health}", "--metrics-port=0", "--v=1",
-        ], self.log)
+        ]), self.log)
         proc = self.proc
 
         def alive() -> str | None:
@@ -134,13 +149,14 @@ class KubeRouterFirewall:
             return None
 
         def healthy() -> bool:
-            url = f"http://127.0.0.1:{self.health}/healthz"
+            url = f"http://{self.health_address}:{self.health}/healthz"
             with urllib.request.urlopen(url, timeout=2) as r:
                 return r.status == 200
 
         _wait("kube-router /healthz", healthy, 60, alive)
         _wait("kube-router's KUBE-ROUTER-FORWARD chain",
-              lambda: any(line.startswith(":KUBE-ROUTER-FORWARD") for line in filter_rules()),
+              lambda: any(line.startswith(":KUBE-ROUTER-FORWARD")
+                          for line in filter_rules(self.netns)),
               60, alive)
         return time.monotonic() - t0
 
@@ -160,4 +176,4 @@ class KubeRouterFirewall:
         if self.proc is not None:
             _kill_group(self.proc, grace=5)  # type: ignore[arg-type]
             self.proc = None
-        remove_rules()
+        remove_rules(self.netns)
