@@ -175,11 +175,13 @@ def enforced(controlplane_binary: Path) -> Iterator[tuple[Network, KubeRouterFir
     except NodeError as e:
         pytest.fail(f"setting up the policy network failed: {e}", pytrace=False)
     finally:
+        left: list[str] = []
         if fw is not None:
             fw.stop()
-            assert not kube_router_rules(NODE_NS)
+            left = kube_router_rules(NODE_NS)
         cp.stop()
         net.down()
+    assert not left, f"kube-router's rules were left behind: {left}"
 
 
 def _matrix(net: Network) -> dict[str, str]:
