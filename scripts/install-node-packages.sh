@@ -6,10 +6,11 @@
 #   libseccomp-dev, pkg-config    runc's seccomp support (scripts/build-node.sh)
 #   gcc, libc6-dev                runc's nsenter stage, the pause binary, the C stand-ins
 #   iptables, iproute2            kube-proxy's rules, the fixture's bridge and netns clean-up
+#   ipset                         kube-router's NetworkPolicy rules (scripts/build-kube-router.sh)
 # Needs root and Debian/Ubuntu's apt (the CI machine and these test machines).
 set -euo pipefail
 PACKAGES=(buildah mmdebstrap containernetworking-plugins libseccomp-dev pkg-config gcc libc6-dev
-          iptables iproute2)
+          iptables iproute2 ipset)
 missing=()
 for p in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -20,11 +20,14 @@ export PATH="$PWD/.tools/bin:$PATH"
 # checked
 bash scripts/build-controlplane.sh
 # the real node of tests/e2e/test_realnode*.py (docs/real-node.md): Debian packages (buildah,
-# mmdebstrap, CNI plugins, libseccomp), containerd v2.4.2 and runc v1.5.2 from pinned Go modules,
-# and the images (the project's image from its Dockerfile, with buildah); each step is skipped
-# while its output is up to date
+# mmdebstrap, CNI plugins, libseccomp, ipset), containerd v2.4.2 and runc v1.5.2 from pinned Go
+# modules, and the images (the project's image from its Dockerfile, with buildah); each step is
+# skipped while its output is up to date
 bash scripts/install-node-packages.sh
 bash scripts/build-node.sh
+# kube-router's NetworkPolicy controller (e2e/tools/kube-router/go.mod), the policy enforcer of
+# tests/e2e/test_netpol_real.py and test_realnode_netpol.py; skipped while up to date
+bash scripts/build-kube-router.sh
 bash scripts/build-node-images.sh
 export SHAREGPU_E2E=1
 .venv/bin/python -m pytest "$@"
