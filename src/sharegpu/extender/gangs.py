@@ -1,8 +1,8 @@
 """Gang scheduling in the extender: the groups as the informer shows them, the GPU shares held
 for a group's pods while they wait, and the hooks the view asks first for a gang's pod
-(``filter``, ``pick``, ``prioritize``, ``reserve``, ``bind_failed``, ``bound``; ``on_pod``,
-``on_pod_deleted``, ``after_reset``). A hook answers for a gang's pod and returns ``None``
-(or False) for any other, which the plain answers (:mod:`.answers`) then take.
+(``filter``, ``prioritize``, ``reserve``, ``held_node``, ``holds_own``, ``bind_failed``,
+``bound``; ``on_pod``, ``on_pod_deleted``, ``after_reset``). A verb's hook answers for a gang's
+pod and returns ``None`` for any other, which the plain answers (:mod:`.answers`) then take.
 
 How a group is placed (see docs/gang.md):
 
