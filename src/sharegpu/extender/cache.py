@@ -13,62 +13,89 @@ memory, so the state charges them with its GPUs; every other bound, live pod (no
 pod the state does not hold) is in the *host ledger* (``host``), charged per node with
 :meth:`ClusterState.charge_host`. A pod is in exactly one of the two.
 
-A part of :class:`~.view.ClusterView`: the answers to kube-scheduler's verbs are in
-:mod:`.answers` and :mod:`.early_prioritize`, the policy's target workload in :mod:`.workload`.
+The ledger the features of :class:`~.view.ClusterView` read and write; it calls none of them
+except two ports it is handed: the GPUs of DRA nodes (``gpus``) and the held picks that give way
+to what a bound pod holds (``give_way``).
 """
 
 from __future__ import annotations
 
 import gc
 import logging
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
-
-import numpy as np
+from typing import Any, Protocol
 
 from .. import hostresources
 from ..annotations import Allocation, is_assigned
 from ..errors import PlacementError, ValidationError
 from ..modes import Mode
 from ..nodes import spec_from_node
-from ..placement.base import get_policy, resolve
-from ..placement.fragmentation import Shape, TargetWorkload
-from ..placement.nodecache import ShapeCache
 from ..pods import is_terminated, node_of
 from ..request import PodRequest
 from ..scheduler import Scheduler
 from ..startingpods import StartingPods
 from ..state import ClusterState, NodeSpec, Reservation
-from .drastate import DraCache
-from .picks import HeldPicks
 from .reader import Placed, PlacementReader, _key
 from .workload import LearnedWorkload
 
 log = logging.getLogger(__name__)
 
 UNKNOWN_NODE = "node has no GPUs known to sharegpu (no GPU resources or annotations)"
-# policies whose score of a node reads that node's row alone (so scores keep until it changes)
-ROW_LOCAL_POLICIES = frozenset({"fgd", "strand", "strandlp", "strandfill"})
 
 
-class ClusterCache(DraCache, LearnedWorkload):
-    """Nodes and pods as the view knows them: the state, what bound pods' annotations say,
+class NodeGpus(Protocol):
+    """Where the GPUs of some nodes come from other than their device-plugin resources (the
+    DRA nodes' ResourceSlices), and what else those nodes hold (allocated claims)."""
+
+    claim_held: Mapping[str, Any]  # state keys the source holds (not pods)
+
+    def node_spec(self, obj: Mapping[str, Any], spec: NodeSpec | None) -> NodeSpec | None: ...
+
+    def nodes_reset(self) -> None: ...
+
+    def hold_all(self, state: ClusterState) -> None: ...
+
+    def node_added(self, name: str) -> None: ...
+
+    def node_removed(self, name: str, keys: list[str], *, forget: bool) -> None: ...
+
+
+class _NoNodeGpus:
+    claim_held: Mapping[str, Any] = {}
+
+    def node_spec(self, obj: Mapping[str, Any], spec: NodeSpec | None) -> NodeSpec | None:
+        return spec
+
+    def nodes_reset(self) -> None:
+        pass
+
+    def hold_all(self, state: ClusterState) -> None:
+        pass
+
+    def node_added(self, name: str) -> None:
+        pass
+
+    def node_removed(self, name: str, keys: list[str], *, forget: bool) -> None:
+        pass
+
+
+class ClusterCache:
+    """Nodes and pods as the extender knows them: the state, what bound pods' annotations say,
     in-flight reservations, pods without a decision, the host ledger; rebuilt from lists
     (:meth:`reset`) and kept by watch events (``upsert_*``, ``delete_*``)."""
 
-    picks: HeldPicks  # which in-flight reservations are held filter picks (set by the view)
-    drop_picks: Callable[..., list[str]]  # gives them back (the view's answers)
-
-    def __init__(self, policy: str = "default", *, workload_refresh: int = 50,
-                 workload: TargetWorkload | None = None) -> None:
-        """``workload``: a fixed target workload for the policy (e.g. the history a simulation
-        ran with), never re-learnt; by default it is learnt from the pods seen."""
+    def __init__(self, policy: str, learned: LearnedWorkload) -> None:
+        """``learned``: the policy's target workload, which counts the shapes of the pods the
+        state holds (and is prepared again after a rebuild)."""
         self.policy_name = policy
-        self.policy = get_policy(policy)
-        self._init_dra()
-        self.workload_refresh = workload_refresh
+        self.policy = learned.policy  # the policy the learned workload prepares
+        self.learned = learned
+        # the GPUs of DRA nodes (set by the composition root; none until then)
+        self.gpus: NodeGpus = _NoNodeGpus()
+        # gives back the picks held on a node so that a bound pod's record fits (the keys)
+        self.give_way: Callable[[str], list[str]] = lambda node: []
         self.state = ClusterState()
         self.scheduler = Scheduler(self.state, self.policy, tie_break="order")
         self.specs: dict[str, NodeSpec] = {}
@@ -81,38 +108,22 @@ class ClusterCache(DraCache, LearnedWorkload):
         self.unseen: dict[str, str] = {}
         # called with such a pod the first time it is seen (the replica posts an Event)
         self.on_unseen: Callable[[Mapping[str, Any]], None] | None = None
-        self.fixed_workload = workload
         # bound, live pods whose host CPU and memory the state does not hold with GPUs:
         # key -> (node, CPU millicores, memory MiB); and their sums per node (every node, GPU
         # or not, so a node that becomes a GPU node starts with what already runs there)
         self.host: dict[str, tuple[str, int, int]] = {}
         self.host_sum: dict[str, list[int]] = {}
-        self.shapes: Counter[Shape] = Counter()
-        # the same pods by (shape, host memory MiB): the history the workload is learnt from
-        self.history: Counter[tuple[Shape, int]] = Counter()
-        self._shape_of: dict[str, Shape] = {}  # live pods already counted in ``shapes``
-        self._seen = 0  # pods counted in ``shapes`` (the history the workload is learnt from)
-        self._shapes_at_prepare = -1
-        self.workload: TargetWorkload | None = None
         self.problems: OrderedDict[str, str] = OrderedDict()
-        self._epoch = 0  # grows whenever the policy is prepared afresh
-        self._nodes_version = 0  # grows whenever a node is added, changed or removed
+        self.nodes_version = 0  # grows whenever a node is added, changed or removed
         self.synced = False
         # one set per consistency check under way (track_changes): the pods this view changed
         # or learnt about since the check began, which its list may show as they were before
         self._change_logs: list[set[str]] = []
         self.reader = PlacementReader()
-        self.reader.on_problem = self._problem
-        # FGD, strand and strandlp score a node from that node's row alone, so scores can be kept
-        # per request shape until the node changes (they cache their common shapes themselves;
-        # this covers compute, whole-card and multi-container requests)
-        self._row_local = resolve(policy) in ROW_LOCAL_POLICIES
-        self._scores: ShapeCache | None = (
-            ShapeCache({"score": np.float64}) if self._row_local else None
-        )
-        self._prepare()
+        self.reader.on_problem = self.problem
+        learned.prepare(self.state)
 
-    def _problem(self, key: str, reason: str) -> None:
+    def problem(self, key: str, reason: str) -> None:
         self.problems[key] = reason
         self.problems.move_to_end(key)
         while len(self.problems) > 1000:
@@ -120,25 +131,15 @@ class ClusterCache(DraCache, LearnedWorkload):
         log.warning("%s: %s", key, reason)
 
     # -- full rebuild ---------------
-    def reset(self, nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
-              dra: tuple[Iterable[Mapping[str, Any]], Iterable[Mapping[str, Any]]] | None = None
-              ) -> int:
+    def reset(self, nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]
+              ) -> tuple[int, list[tuple[str, Mapping[str, Any]]]]:
         """Rebuild everything from listed Node and Pod objects (start, relist after 410 Gone,
-        repair after a failed consistency check) and, with ``dra``, listed ResourceSlices and
-        ResourceClaims (without: the slices and claims known are kept and held again).
-        In-flight reservations are kept. Returns the number of pods whose annotations could
-        not be applied."""
-        with _gc_paused():
-            return self._reset(nodes, pods, dra)
-
-    def _reset(self, nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
-               dra: tuple[Iterable[Mapping[str, Any]], Iterable[Mapping[str, Any]]] | None
-               = None) -> int:
+        repair after a failed consistency check). In-flight reservations are kept. Returns the
+        number of pods whose annotations could not be applied, and the unbound pods that name
+        ResourceClaims (key, pod)."""
         state = ClusterState()
         specs: dict[str, NodeSpec] = {}
-        if dra is not None:
-            self._dra_load(*dra)
-        self._node_objs, self.dra_slots = {}, {}
+        self.gpus.nodes_reset()
         for obj in nodes:
             spec = self._spec(obj)
             if spec is not None:
@@ -173,7 +174,7 @@ class ClusterCache(DraCache, LearnedWorkload):
                 alloc = reader.allocation(meta.get("annotations") or {})
                 p = (reader.request(obj), node, alloc) if alloc is not None and node else None
             except ValidationError as e:
-                self._problem(key, f"unreadable GPU annotations or request: {e}")
+                self.problem(key, f"unreadable GPU annotations or request: {e}")
                 bad += 1
                 if node:
                     on_nodes.append((key, node, *reader.host(obj)))
@@ -199,15 +200,15 @@ class ClusterCache(DraCache, LearnedWorkload):
             if p[1] in state.index:  # else applied when the node appears
                 records.append(p)
         for key, reason in state.restore(records):
-            self._problem(key, f"annotations over-commit: {reason}")
+            self.problem(key, f"annotations over-commit: {reason}")
             placed.pop(key, None)
             bad += 1
-        self._dra_hold_all(state)  # allocated DRA claims, after the pods' records
+        self.gpus.hold_all(state)  # allocated DRA claims, after the pods' records
         for key, r in list(self.inflight.items()):
             try:
                 self.inflight[key] = state.reserve(r.request, r.node, r.alloc, check_host=False)
             except (PlacementError, KeyError) as e:
-                self._problem(key, f"in-flight reservation dropped on rebuild: {e}")
+                self.problem(key, f"in-flight reservation dropped on rebuild: {e}")
                 del self.inflight[key]
                 continue
             if key in self.starting:  # being bound: the binder counted it as starting
@@ -215,7 +216,7 @@ class ClusterCache(DraCache, LearnedWorkload):
         self.starting = starting
         if self._change_logs:  # a rebuild during a check: every pod is newer than its list
             for key in (*self.placed, *self.state.pods, *placed, *listed, *self.host):
-                self._touch(key)
+                self.touch(key)
         self.state, self.specs, self.placed = state, specs, placed
         self.host, self.host_sum = {}, {}
         known, self.unseen = self.unseen, {}
@@ -229,19 +230,15 @@ class ClusterCache(DraCache, LearnedWorkload):
         for node, (cpu, mem) in self.host_sum.items():
             if node in state.index:
                 state.charge_host(node, cpu, mem)
-        self._forget_answers()
-        self._nodes_version += 1
+        self.nodes_version += 1
         self.scheduler = Scheduler(state, self.policy, tie_break="order")
-        self._shape_of.clear()
-        self._seen = 0
-        self.shapes.clear()
-        self.history.clear()
+        learned = self.learned
+        learned.clear()
         for key, (req, _node, alloc) in placed.items():
-            self._count_shape(key, req, alloc)
-        self._prepare()
+            learned.count(key, req, alloc)
+        learned.prepare(state)
         self.synced = True
-        self.dra_waiting_reset(waiting)
-        return bad
+        return bad, waiting
 
     def _charge_unseen(self, obj: Mapping[str, Any], *, notify: bool = True) -> None:
         """Charge a bound GPU pod that carries no decision (see
@@ -261,11 +258,11 @@ class ClusterCache(DraCache, LearnedWorkload):
         try:
             self.state.charge_unseen(req, node)
         except PlacementError as e:
-            self._problem(key, f"GPU pod without a scheduling decision not charged: {e}")
+            self.problem(key, f"GPU pod without a scheduling decision not charged: {e}")
             return
         self.unseen[key] = node
         self._set_host(key, "")
-        self._problem(key, f"holds GPU resources on {node} but carries no scheduling decision; "
+        self.problem(key, f"holds GPU resources on {node} but carries no scheduling decision; "
                            "counted against every GPU of the node until it ends")
         if notify and self.on_unseen is not None:
             self.on_unseen(obj)
@@ -321,14 +318,14 @@ class ClusterCache(DraCache, LearnedWorkload):
     def _spec(self, obj: Mapping[str, Any]) -> NodeSpec | None:
         name = str((obj.get("metadata") or {}).get("name") or "")
         try:
-            spec = self._dra_spec(obj, spec_from_node(obj))
+            spec = self.gpus.node_spec(obj, spec_from_node(obj))
             if spec is not None and (spec.cpu_milli is None or spec.mem_mib is None):
                 problem = "; ".join(hostresources.node_allocatable(obj)[2])
                 if problem and self.problems.get(f"node/{name}") != problem:
-                    self._problem(f"node/{name}", problem)  # once, not at every status update
+                    self.problem(f"node/{name}", problem)  # once, not at every status update
             return spec
         except ValidationError as e:
-            self._problem(f"node/{name}", str(e))
+            self.problem(f"node/{name}", str(e))
             # keep the last good view of the node rather than dropping its pods
             return self.specs.get(name)
 
@@ -345,31 +342,31 @@ class ClusterCache(DraCache, LearnedWorkload):
         try:
             self.state.add_node(spec)
         except PlacementError as e:
-            self._problem(f"node/{name}", f"node update refused, pods no longer fit: {e}")
+            self.problem(f"node/{name}", f"node update refused, pods no longer fit: {e}")
             return
         self.specs[name] = spec
-        self._nodes_version += 1
+        self.nodes_version += 1
         if fresh:
             cpu, mem = self.host_sum.get(name, (0, 0))
             self.state.charge_host(name, cpu, mem)
             for key, (req, node, alloc) in self.placed.items():
                 if node == name and key not in self.state.pods:
                     self._hold(key, req, node, alloc)
-            self._hold_node_claims(name)
-        if fresh and not self.shapes:
-            self._prepare()
+            self.gpus.node_added(name)
+        if fresh and not self.learned.shapes:
+            self.learned.prepare(self.state)
 
     def delete_node(self, name: str, *, forget: bool = True) -> None:
         """``forget``: the Node is gone (else it only has no GPUs now; a ResourceSlice may
         give it some)."""
+        keys: list[str] = []
         if name in self.state.index:
-            self._nodes_version += 1
-            for key in self.state.remove_node(name):
+            self.nodes_version += 1
+            keys = self.state.remove_node(name)
+            for key in keys:
                 self.inflight.pop(key, None)
-                self.claim_held.pop(key, None)  # held again if the node comes back
         self.specs.pop(name, None)
-        if forget:
-            self._forget_node(name)
+        self.gpus.node_removed(name, keys, forget=forget)
 
     # -- pods ---------------
     def _hold(self, key: str, req: PodRequest, node: str, alloc: Allocation) -> None:
@@ -379,13 +376,13 @@ class ClusterCache(DraCache, LearnedWorkload):
             except PlacementError:
                 # what a bound pod holds comes first: picks held on its node give way (their
                 # binds choose afresh)
-                if not self.drop_picks(node):
+                if not self.give_way(node):
                     raise
                 self.state.reserve(req, node, alloc, check_host=False)
             self.state.bind(key)
-            self._count_shape(key, req, alloc)
+            self.learned.count(key, req, alloc)
         except PlacementError as e:
-            self._problem(key, f"annotations over-commit: {e}")
+            self.problem(key, f"annotations over-commit: {e}")
             return
         self._set_host(key, "")  # its CPU and memory are held with its GPUs now
 
@@ -401,21 +398,14 @@ class ClusterCache(DraCache, LearnedWorkload):
     def untrack_changes(self, log: set[str]) -> None:
         self._change_logs = [x for x in self._change_logs if x is not log]
 
-    def _touch(self, key: str) -> None:
+    def touch(self, key: str) -> None:
         for log in self._change_logs:
             log.add(key)
 
-    def upsert_pod(self, obj: Mapping[str, Any]) -> None:
-        key = _key(obj)
+    def upsert_pod(self, key: str, obj: Mapping[str, Any]) -> None:
+        """A pod's event (added or modified)."""
         if self._change_logs:
-            self._touch(key)
-        self.dra_pod_event(key, obj)
-        if key in self.inflight and key in self.picks and (node_of(obj) or is_terminated(obj)):
-            # held since its filter, but bound by someone else (or ended): no longer ours
-            self.picks.take(key)
-            self.inflight.pop(key, None)
-            if key in self.state.pods:
-                self.scheduler.release(key)
+            self.touch(key)
         if key in self.inflight:
             # being bound: the binder holds it; but the node's agent may already have marked it
             # assigned (its kubelet started it) before the binding's answer came back
@@ -425,7 +415,7 @@ class ClusterCache(DraCache, LearnedWorkload):
         try:
             p = self.reader.placement(obj)
         except ValidationError as e:
-            self._problem(key, f"unreadable GPU annotations or request: {e}")
+            self.problem(key, f"unreadable GPU annotations or request: {e}")
             self.starting.discard(key)
             self._sync_host(key, obj)  # its CPU and memory count all the same
             return
@@ -469,15 +459,12 @@ class ClusterCache(DraCache, LearnedWorkload):
         if node in self.state.index:
             self._hold(key, req, node, alloc)
 
-    def delete_pod(self, obj: Mapping[str, Any]) -> None:
-        key = _key(obj)
+    def delete_pod(self, key: str) -> None:
+        """A pod's deletion."""
         if self._change_logs:
-            self._touch(key)
-        self.dra_pod_event(key, None)
-        self._shape_of.pop(key, None)  # its shape stays in the history
+            self.touch(key)
         self.placed.pop(key, None)
         self.inflight.pop(key, None)
-        self.picks.take(key)
         self.starting.discard(key)
         self.unseen.pop(key, None)
         self._set_host(key, "")
@@ -496,9 +483,29 @@ class ClusterCache(DraCache, LearnedWorkload):
                 out.append(key)
         for key in self.state.pods:
             if key not in self.placed and key not in self.inflight and key not in self.unseen \
-                    and key not in self.claim_held:
+                    and key not in self.gpus.claim_held:
                 out.append(key)
         return out
+
+    # -- in-flight reservations ---------------
+    def give_back(self, key: str) -> None:
+        """Release ``key``'s in-flight reservation (a pick given up, a failed bind)."""
+        if self._change_logs:
+            self.touch(key)
+        self.starting.discard(key)
+        if self.inflight.pop(key, None) is not None and key in self.state.pods:
+            self.scheduler.release(key)
+
+    def bound(self, key: str) -> None:
+        """The binding was created: the reservation is now what the pod's annotations say."""
+        if self._change_logs:
+            self.touch(key)
+        r = self.inflight.pop(key, None)
+        if r is None or key not in self.state.pods:
+            return
+        self.state.bind(key)
+        self.placed[key] = (r.request, r.node, r.alloc)
+        self.learned.count(key, r.request, r.alloc)
 
     def fingerprint(self) -> dict[str, object]:
         return self.state.fingerprint()
@@ -508,7 +515,7 @@ class ClusterCache(DraCache, LearnedWorkload):
 
 
 @contextmanager
-def _gc_paused() -> Iterator[None]:
+def gc_paused() -> Iterator[None]:
     """No cyclic garbage collection while a rebuild runs: it makes several objects per pod that
     all live on (records, reservations, ledger entries), and the collector would scan the
     growing heap of pod objects again and again for none (a third of the rebuild's time)."""

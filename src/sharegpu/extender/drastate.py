@@ -1,7 +1,8 @@
-"""DRA mode in the extender's view (issue 21 item 4): the GPUs of DRA nodes from their
-ResourceSlices, the shares allocated ResourceClaims hold on them, and a DRA pod's claims read
-as the GPU request the policy scores. A part of :class:`~.cache.ClusterCache`; synchronous and
-free of I/O (the informer feeds it ``resourceslices`` and ``resourceclaims`` events).
+"""DRA in the extender: the GPUs of DRA nodes from their ResourceSlices, the shares allocated
+ResourceClaims hold on them, and a DRA pod's claims read as the GPU request the policy scores.
+One feature object, :class:`DraState`, over the cluster cache (:mod:`.cache`: it is the cache's
+``gpus`` port); synchronous and free of I/O (the informer feeds it ``resourceslices`` and
+``resourceclaims`` events).
 
 - **Nodes.** A node in the DRA pool advertises no device-plugin GPU resources; its GPU row is
   built from its slice of driver ``gpu.sharegpu.io`` (:func:`sharegpu.drashares.slice_gpus`:
@@ -41,6 +42,7 @@ from ..hostresources import node_allocatable
 from ..modes import Mode, node_placement, parse_mode
 from ..request import ContainerRequest, Kind, PodRequest
 from ..state import ClusterState, NodeSpec
+from .cache import ClusterCache
 
 CLAIM_KEY = "claim:"  # state keys of claims: <namespace>/claim:<name>
 NOT_IN_POOL = (f"node has no ResourceSlice of driver {dra.DRIVER}: a pod whose GPUs are "
@@ -83,17 +85,12 @@ def _strip_node(obj: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-class DraCache:
-    """DRA slices and claims of :class:`~.cache.ClusterCache` (its ``state``, ``specs``,
-    ``scheduler``, ``upsert_node`` ... come from there)."""
+class DraState:
+    """DRA slices and claims over the cluster cache ``ledger``: the nodes' GPUs it reads from
+    their slices, the claims it holds in the ledger's state, the DRA pods it diagnoses."""
 
-    state: ClusterState
-    specs: dict[str, NodeSpec]
-    _nodes_version: int
-    _problem: Callable[[str, str], None]
-    upsert_node: Callable[[Mapping[str, Any]], None]
-
-    def _init_dra(self, driver: str = dra.DRIVER) -> None:
+    def __init__(self, ledger: ClusterCache, driver: str = dra.DRIVER) -> None:
+        self.ledger = ledger
         self.dra_driver = driver
         self.slices: dict[str, tuple[str, dict[int, int], str]] = {}  # node -> (slice, GiB, mode)
         self._slice_node: dict[str, str] = {}  # slice name -> node
@@ -111,7 +108,7 @@ class DraCache:
         self.on_dra_unschedulable: Callable[[Mapping[str, Any], str], None] | None = None
 
     # -- nodes ---------------
-    def _dra_spec(self, obj: Mapping[str, Any], spec: NodeSpec | None) -> NodeSpec | None:
+    def node_spec(self, obj: Mapping[str, Any], spec: NodeSpec | None) -> NodeSpec | None:
         """``spec`` (from the Node's device-plugin resources) or, for a node with a slice of
         the driver, the node's GPUs from the slice."""
         name = str((obj.get("metadata") or {}).get("name") or "")
@@ -133,23 +130,35 @@ class DraCache:
                            cpu_milli=cpu, mem_mib=mem_mib,
                            address=spec.address if spec is not None else "")
         except ValidationError as e:
-            self._problem(f"node/{name}", f"ResourceSlice {sname} not used: {e}")
+            self.ledger.problem(f"node/{name}", f"ResourceSlice {sname} not used: {e}")
             self.dra_slots.pop(name, None)
             return spec
         self.dra_slots[name] = {g: j for j, g in enumerate(indexes)}
         return out
 
+    def nodes_reset(self) -> None:
+        """A rebuild reads every node again."""
+        self._node_objs, self.dra_slots = {}, {}
+
+    def node_added(self, name: str) -> None:
+        self._hold_node_claims(name)
+
+    def node_removed(self, name: str, keys: list[str], *, forget: bool) -> None:
+        """The node left the state with ``keys``; ``forget``: the Node is gone (else it only
+        has no GPUs now; a ResourceSlice may give it some)."""
+        for key in keys:
+            self.claim_held.pop(key, None)  # held again if the node comes back
+        if forget:
+            self._node_objs.pop(name, None)
+            self.dra_slots.pop(name, None)
+
     def _refresh_node(self, node: str) -> None:
         obj = self._node_objs.get(node)
         if obj is None:
             return  # applied when the Node appears
-        self.upsert_node(obj)
-        if node in self.state.index:
+        self.ledger.upsert_node(obj)
+        if node in self.ledger.state.index:
             self._hold_node_claims(node)
-
-    def _forget_node(self, name: str) -> None:
-        self._node_objs.pop(name, None)
-        self.dra_slots.pop(name, None)
 
     # -- slices ---------------
     def _read_slice(self, obj: Mapping[str, Any]) -> tuple[str, str | None]:
@@ -157,7 +166,7 @@ class DraCache:
         sname = str((obj.get("metadata") or {}).get("name") or "")
         got, warnings = slice_gpus(obj, self.dra_driver)
         for w in warnings:
-            self._problem(f"resourceslice/{sname}", w)
+            self.ledger.problem(f"resourceslice/{sname}", w)
         if got is None or not got.mem_gib:
             return sname, None
         self.slices[got.node] = (sname, dict(got.mem_gib), got.mode)
@@ -190,8 +199,8 @@ class DraCache:
             self.slice_gpus.pop(node, None)
             obj = self._node_objs.get(node)
             if obj is not None:
-                self.upsert_node(obj)  # back to its device-plugin view (or none)
-                if node in self.state.index:
+                self.ledger.upsert_node(obj)  # back to its device-plugin view (or none)
+                if node in self.ledger.state.index:
                     self._hold_node_claims(node)
 
     # -- claims ---------------
@@ -201,7 +210,7 @@ class DraCache:
         reqs, warnings = claim_requests(obj, self.dra_driver)
         shares, share_warnings = claim_shares(obj, self.dra_driver)
         for w in share_warnings:
-            self._problem(f"resourceclaim/{key}", w)
+            self.ledger.problem(f"resourceclaim/{key}", w)
         status = obj.get("status")
         alloc = status.get("allocation") if isinstance(status, Mapping) else None
         return key, ClaimRecord(
@@ -262,7 +271,7 @@ class DraCache:
             for j, (gpu, mem, core) in enumerate(shares):
                 slot = slots.get(gpu)
                 if slot is None:
-                    self._problem(f"resourceclaim/{key}", f"allocated on {node} gpu-{gpu}, "
+                    self.ledger.problem(f"resourceclaim/{key}", f"allocated on {node} gpu-{gpu}, "
                                   "which the node's ResourceSlice does not list; not counted")
                     continue
                 if mem is None:  # the whole GPU
@@ -277,11 +286,12 @@ class DraCache:
         return out
 
     def _hold_claim(self, key: str, rec: ClaimRecord) -> None:
-        for req, node, alloc in self._claim_hold(key, rec, self.state)[:1]:
+        state = self.ledger.state
+        for req, node, alloc in self._claim_hold(key, rec, state)[:1]:
             try:
-                self.state.hold(req, node, alloc)
+                state.hold(req, node, alloc)
             except PlacementError as e:
-                self._problem(f"resourceclaim/{key}", f"not counted: {e}")
+                self.ledger.problem(f"resourceclaim/{key}", f"not counted: {e}")
                 continue
             self.claim_held[req.key] = (req, node, alloc)
 
@@ -290,20 +300,20 @@ class DraCache:
         held = self.claim_held.pop(skey, None)
         if held is None:
             return
-        if skey in self.state.pods:
-            self.scheduler.release(skey)  # type: ignore[attr-defined]
+        if skey in self.ledger.state.pods:
+            self.ledger.scheduler.release(skey)
 
     def _hold_node_claims(self, node: str) -> None:
         """After a node (re)appears: hold the claims allocated there. O(claims) once per node
         that joins; events of one claim touch that claim alone."""
         for key in list(self._claims_on.get(node, ())):
             skey = "/".join(self._state_key(key))
-            if skey not in self.state.pods:
+            if skey not in self.ledger.state.pods:
                 self.claim_held.pop(skey, None)
                 self._hold_claim(key, self.claims[key])
 
     # -- rebuild ---------------
-    def _dra_load(self, slices: Iterable[Mapping[str, Any]],
+    def load(self, slices: Iterable[Mapping[str, Any]],
                   claims: Iterable[Mapping[str, Any]]) -> None:
         """Start a rebuild from listed slices and claims (nodes are read next)."""
         self.slices, self._slice_node, self.slice_gpus = {}, {}, {}
@@ -317,7 +327,7 @@ class DraCache:
             self._index_claim(key, self.claims.get(key), rec)
             self.claims[key] = rec
 
-    def _dra_hold_all(self, state: ClusterState) -> None:
+    def hold_all(self, state: ClusterState) -> None:
         """Hold every allocated claim in a rebuilt ``state`` (after the pods' records)."""
         self.claim_held = {}
         for key, rec in self.claims.items():
@@ -325,7 +335,7 @@ class DraCache:
                 try:
                     state.hold(req, node, alloc)
                 except PlacementError as e:
-                    self._problem(f"resourceclaim/{key}", f"not counted: {e}")
+                    self.ledger.problem(f"resourceclaim/{key}", f"not counted: {e}")
                     continue
                 self.claim_held[req.key] = (req, node, alloc)
 
@@ -439,7 +449,7 @@ class DraCache:
                 pool.append(dradiagnosis.pool_node(name, labels, got,
                                                    str(obj.get("isolation") or "")))
             else:
-                others.append(dradiagnosis.OtherNode(name, labels, name in self.specs))
+                others.append(dradiagnosis.OtherNode(name, labels, name in self.ledger.specs))
         return pool, others
 
     def _diagnose(self, key: str, *, again: bool = False,
@@ -452,12 +462,12 @@ class DraCache:
         try:
             reasons = dradiagnosis.diagnose(pod, self.claims, *(pool or self.dra_pool()))
         except Exception as e:  # never let one odd pod stop the watch
-            self._problem(key, f"DRA diagnosis failed: {type(e).__name__}: {e}")
+            self.ledger.problem(key, f"DRA diagnosis failed: {type(e).__name__}: {e}")
             return
         text = dradiagnosis.message(reasons) if reasons else ""
         self.dra_waiting[key] = (pod, text)
         if text and (text != said or again):
-            self._problem(key, text)
+            self.ledger.problem(key, text)
             if self.on_dra_unschedulable is not None:
                 self.on_dra_unschedulable(pod, text)
 
@@ -469,10 +479,11 @@ class DraCache:
 
         if not self.dra_slots:
             return None
-        stamp = (id(self.state), self._nodes_version, self.state.n)
+        state = self.ledger.state
+        stamp = (id(state), self.ledger.nodes_version, state.n)
         if self._pool is None or self._pool[0] != stamp:
-            mask = np.zeros(self.state.n + 1, dtype=bool)  # the last: unknown names
-            index = self.state.index
+            mask = np.zeros(state.n + 1, dtype=bool)  # the last: unknown names
+            index = state.index
             for node in self.dra_slots:
                 i = index.get(node)
                 if i is not None:

@@ -1,9 +1,8 @@
 """The early prioritize: kube-scheduler asks prioritize right after its filter, with the names
-the filter passed. The server computes the answer as soon as the filter is answered
-(:meth:`prioritize` right after :meth:`~.answers.SchedulingAnswers.filter`), keeps it with what
-it read (the pod, the names, the policy's epoch and the versions of the nodes it scored), and
-gives it again while all of it is unchanged (:meth:`still_current`), so the prioritize that
-follows is a lookup. A part of :class:`~.view.ClusterView`."""
+the filter passed. The server computes the answer as soon as the filter is answered, keeps it
+with what it read (the pod, the names, the policy's epoch and the versions of the nodes it
+scored), and gives it again while all of it is unchanged (:meth:`EarlyPrioritize.still_current`),
+so the prioritize that follows is a lookup."""
 
 from __future__ import annotations
 
@@ -12,20 +11,25 @@ from typing import Any
 import numpy as np
 
 from ..request import PodRequest
-from .answers import request_key
+from .answers import SchedulingAnswers, request_key
+from .cache import ClusterCache
+from .workload import LearnedWorkload
 
 
 class EarlyPrioritize:
-    """The kept prioritize answer of :class:`~.view.ClusterView`."""
+    """Prioritize's answer (from ``answers``), kept while nothing it read in the cluster cache
+    ``ledger`` or the ``learned`` workload's epoch changed."""
 
-    def _init_early(self) -> None:
+    def __init__(self, ledger: ClusterCache, learned: LearnedWorkload,
+                 answers: SchedulingAnswers) -> None:
+        self.ledger = ledger
+        self.learned = learned
+        self.answers = answers
         # the last prioritize: (pod asked about, names, their slots, what it read, answer)
         self._last_scores: tuple[
             tuple[Any, ...], list[str], np.ndarray, tuple[tuple[Any, ...], np.ndarray],
             dict[str, int],
         ] | None = None
-        # the last filter's passing names, their slots and the node set's version then
-        self._passed: tuple[list[str], np.ndarray, int] = ([], np.zeros(0, dtype=np.int64), -1)
 
     def prioritize(self, req: PodRequest, names: list[str]) -> dict[str, int]:
         """Scores 0..10: the node the core policy would pick gets 10; with ``graded`` the other
@@ -39,17 +43,13 @@ class EarlyPrioritize:
         modify the returned dict."""
         if not req.wants_gpu or not names:
             return dict.fromkeys(names, 0)
-        self.maybe_refresh_workload()
+        self.learned.maybe_refresh(self.ledger.state)
         asked = (req.key, req.uid, request_key(req))
         last = self._last_scores
         if last is not None and last[0] == asked and last[1] == names and self._unchanged(last):
             return last[4]
-        p_names, p_slots, p_version = self._passed
-        if names is p_names and p_version == self._nodes_version:
-            slots = p_slots
-        else:
-            slots = self.slots(names)
-        out = self._prioritize(req, names, slots)
+        slots = self.answers.slots_of(names)
+        out = self.answers.prioritize(req, names, slots)
         self._last_scores = (asked, list(names), slots, self._read_now(slots), out)
         return out
 
@@ -59,21 +59,22 @@ class EarlyPrioritize:
         last = self._last_scores
         if last is None or last[4] is not scores:
             return False
-        self.maybe_refresh_workload()
+        self.learned.maybe_refresh(self.ledger.state)
         return self._unchanged(last)
 
     def _read_now(self, slots: np.ndarray) -> tuple[tuple[Any, ...], np.ndarray]:
         """What a prioritize over node ``slots`` reads, as it is now: the state, its node set
         and the policy's epoch, and the versions of the nodes it scores."""
-        st = self.state
-        return (id(st), st.n, self._nodes_version, self._epoch), self._versions_read(slots)
+        st = self.ledger.state
+        return ((id(st), st.n, self.ledger.nodes_version, self.learned.epoch),
+                self._versions_read(slots))
 
     def _unchanged(self, last: tuple[Any, ...]) -> bool:
         (stamp, versions), now = last[3], self._read_now(last[2])
         return stamp == now[0] and bool(np.array_equal(versions, now[1]))
 
     def _versions_read(self, slots: np.ndarray) -> np.ndarray:
-        st = self.state
-        if not self._row_local:  # the policy may read any node: the whole cluster's versions
+        st = self.ledger.state
+        if not self.answers.row_local:  # the policy may read any node: the whole cluster's
             return np.array([st.version[: st.n].sum()])
         return st.version[slots[slots >= 0]]

@@ -1,8 +1,8 @@
 """Gang scheduling in the extender: the groups as the informer shows them, the GPU shares held
-for a group's pods while they wait, and the filter, prioritize and bind hooks that use them.
-A part of :class:`~.view.ClusterView` (it comes first in its bases, so its ``filter``,
-``prioritize``, ``reserve``, ``bound``, ``release_inflight``, ``upsert_pod``, ``delete_pod`` and
-``reset`` wrap the cache's and the answers').
+for a group's pods while they wait, and the hooks the view asks first for a gang's pod
+(``filter``, ``prioritize``, ``reserve``, ``held_node``, ``holds_own``, ``bind_failed``,
+``bound``; ``on_pod``, ``on_pod_deleted``, ``after_reset``). A verb's hook answers for a gang's
+pod and returns ``None`` for any other, which the plain answers (:mod:`.answers`) then take.
 
 How a group is placed (see docs/gang.md):
 
@@ -48,8 +48,11 @@ from ..gang import (
 from ..pods import is_terminated, node_of
 from ..request import PodRequest
 from ..state import Reservation
+from .answers import SchedulingAnswers
+from .cache import ClusterCache
 from .drastate import DraPodRequest
 from .reader import _key
+from .workload import LearnedWorkload
 
 GroupKey = tuple[str, str]  # (namespace, name)
 
@@ -108,17 +111,16 @@ def podgroup_spec(obj: Mapping[str, Any]) -> PodGroupSpec:
 
 
 class GangScheduling:
-    """The gang part of :class:`~.view.ClusterView` (the cache's and the answers' attributes
-    come from the other bases)."""
+    """Pod groups over the cluster cache ``ledger`` (their holds are its in-flight
+    reservations), planned with the ``learned`` workload; a held pod that moves node is
+    reserved afresh through the plain ``answers``."""
 
-    # provided by the other bases of ClusterView
-    state: Any
-    scheduler: Any
-    inflight: dict[str, Reservation]
-    reader: Any
-    _change_logs: list[set[str]]
-
-    def _init_gangs(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, ledger: ClusterCache, learned: LearnedWorkload,
+                 answers: SchedulingAnswers,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.ledger = ledger
+        self.learned = learned
+        self.answers = answers
         self.gang_clock = clock
         self.gang_may_hold: Callable[[], bool] = lambda: True
         self.gang_default_timeout = DEFAULT_TIMEOUT_S
@@ -149,7 +151,7 @@ class GangScheduling:
                 req: PodRequest | None
                 problem = ""
                 try:
-                    req = self.reader.request(obj)
+                    req = self.ledger.reader.request(obj)
                     if not req.wants_gpu:
                         req = None
                 except ValidationError as e:
@@ -190,29 +192,26 @@ class GangScheduling:
         for obj in objs:
             self.upsert_podgroup(obj)
 
-    # -- wrapped cache methods ---------------
-    def upsert_pod(self, obj: Mapping[str, Any]) -> None:
-        key = _key(obj)
+    # -- pod events ---------------
+    def on_pod(self, key: str, obj: Mapping[str, Any]) -> None:
+        """A pod's event, before the cache applies it."""
         self._note_pod(key, obj)
         if key in self._held_by and key not in self._binding and (
                 node_of(obj) or is_terminated(obj)):
             # bound by someone else (a new leader), or ended: the hold is no longer ours
             self._release_hold(key)
-        super().upsert_pod(obj)  # type: ignore[misc]
 
-    def delete_pod(self, obj: Mapping[str, Any]) -> None:
-        key = _key(obj)
+    def on_pod_deleted(self, key: str) -> None:
         gk = self._group_of.get(key)
         if gk is not None:
             self._forget_member(key, gk)
         self._unmark(key)
-        super().delete_pod(obj)  # type: ignore[misc]
 
-    def reset(self, nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
-              dra: Any = None) -> int:
-        pods = pods if isinstance(pods, list) else list(pods)
-        bad = super().reset(nodes, pods, dra)  # type: ignore[misc]
-        holds = {k: gk for k, gk in self._held_by.items() if k in self.inflight}
+    def after_reset(self, pods: Iterable[Mapping[str, Any]]) -> None:
+        """The cache was rebuilt from ``pods``: the groups are read again from them; holds
+        whose reservations the rebuild kept survive."""
+        inflight = self.ledger.inflight
+        holds = {k: gk for k, gk in self._held_by.items() if k in inflight}
         self.groups, self._group_of = {}, {}
         for obj in pods:
             meta = obj.get("metadata") or {}
@@ -229,7 +228,6 @@ class GangScheduling:
         for group in self.groups.values():
             group.holds &= set(holds)
         self._binding &= set(holds)
-        return bad
 
     # -- holds ---------------
     def _unmark(self, key: str) -> None:
@@ -244,10 +242,10 @@ class GangScheduling:
 
     def _release_hold(self, key: str) -> None:
         self._unmark(key)
-        for log in self._change_logs:
-            log.add(key)
-        if self.inflight.pop(key, None) is not None and key in self.state.pods:
-            self.scheduler.release(key)
+        ledger = self.ledger
+        ledger.touch(key)
+        if ledger.inflight.pop(key, None) is not None and key in ledger.state.pods:
+            ledger.scheduler.release(key)
 
     def drop_gang_holds(self) -> int:
         """Release every hold not being bound now (this replica stopped leading)."""
@@ -277,7 +275,8 @@ class GangScheduling:
         g = self.groups.get((ns, name))
         if g is None:
             return {}
-        return {k: self.inflight[k].node for k in sorted(g.holds) if k in self.inflight}
+        inflight = self.ledger.inflight
+        return {k: inflight[k].node for k in sorted(g.holds) if k in inflight}
 
     # -- what a group needs ---------------
     def _group_for(self, req: PodRequest) -> _Group | None:
@@ -321,8 +320,9 @@ class GangScheduling:
         met already (nothing to plan); False: planned (held when ``hold``); a string: the
         reason nothing fits."""
         need_total, timeout = self._min_available(group)
+        ledger = self.ledger
         bound = sum(1 for m in group.members.values() if m.bound)
-        for k in [k for k in group.holds if k not in self.inflight]:  # gone with a node
+        for k in [k for k in group.holds if k not in ledger.inflight]:  # gone with a node
             self._unmark(k)
         held = len(group.holds)
         need = need_total - bound - held
@@ -330,7 +330,7 @@ class GangScheduling:
             return True
         waiting = [m.request for k, m in group.members.items()
                    if not m.bound and k not in group.holds and m.request is not None
-                   and k not in self.state.pods]
+                   and k not in ledger.state.pods]
         problems = [m.problem for m in group.members.values() if m.problem]
         if len(waiting) < need:
             why = (f"gang {group.name}: {bound + held + len(waiting)} of {need_total} pods "
@@ -339,85 +339,91 @@ class GangScheduling:
             if problems:
                 why += f"; refused: {problems[0]}"
             return why
-        self.maybe_refresh_workload()  # type: ignore[attr-defined]
-        got = plan(self.scheduler, waiting, need, among, pinned)
+        self.learned.maybe_refresh(ledger.state)
+        got = plan(ledger.scheduler, waiting, need, among, pinned)
         if not got.ok:
             return (f"gang {group.name}: {bound + held + got.fit} of {need_total} pods fit "
                     f"(bound {bound}, held {held}, waiting {len(waiting)}); "
                     f"min-available {need_total}")
         if not hold:
             for r, _d in got.placed:
-                self.scheduler.release(r.key)
+                ledger.scheduler.release(r.key)
             return False
         group.generation += 1
         group.deadline = self.gang_clock() + timeout
         heapq.heappush(self._deadlines, (group.deadline, group.key, group.generation))
         for r, _d in got.placed:
             k = r.key
-            self.inflight[k] = self.state.pods[k]
+            ledger.inflight[k] = ledger.state.pods[k]
             self._held_by[k] = group.key
             group.holds.add(k)
-            for log in self._change_logs:
-                log.add(k)
+            ledger.touch(k)
         return False
 
     # -- the verbs ---------------
+    def held_node(self, key: str) -> str | None:
+        """The node ``key``'s GPU share is held on by its group, if any."""
+        if key in self._held_by:
+            r = self.ledger.inflight.get(key)
+            if r is not None:
+                return r.node
+        return None
+
     def filter(self, req: PodRequest, names: list[str]
-               ) -> tuple[list[str], dict[str, str], dict[str, str]]:
+               ) -> tuple[list[str], dict[str, str], dict[str, str]] | None:
+        """A gang pod's filter answer; ``None`` for any other pod."""
         self.gang_expire()
         if not req.wants_gpu or isinstance(req, DraPodRequest):  # DRA: no gang holds
-            return super().filter(req, names)  # type: ignore[misc]
+            return None
         try:
             group = self._group_for(req)
         except ValidationError as e:
             return [], {}, dict.fromkeys(names, f"invalid pod group: {e}")
         if group is None:
-            return super().filter(req, names)  # type: ignore[misc]
-        key = req.key
-        if key in self._held_by and key in self.inflight:
-            node = self.inflight[key].node
-            why = f"gang {group.name}: this pod's GPU share is held on node {node}"
-            return ([node] if node in names else [],
-                    {n: why for n in names if n != node}, {})
-        try:
-            slots = self.slots(names)  # type: ignore[attr-defined]
-            among = np.zeros(self.state.n, dtype=bool)
-            among[slots[slots >= 0]] = True
-            # a view that may not bind (a follower) plans as a dry run: the filter says whether
-            # the group fits, the leader's bind plans again and holds
-            outcome = self._plan_group(group, among, None, hold=self.gang_may_hold())
-        except PlacementError as e:
-            return [], {}, dict.fromkeys(names, str(e))
-        if isinstance(outcome, str):
-            return [], dict.fromkeys(names, outcome), {}
-        if key in self._held_by and key in self.inflight:
-            return self.filter(req, names)  # its held node, as for any held pod
-        return super().filter(req, names)  # type: ignore[misc]
-
-    def pick(self, req: PodRequest, names: list[str], *, hold: bool) -> str | None:
-        key = req.key
-        if key in self._held_by and key in self.inflight:
-            node = self.inflight[key].node
-            return node if node in names else None
-        if hold:
+            return None
+        node = self.held_node(req.key)
+        if node is None:
             try:
-                hold = gang_labels(req.labels) is None  # a gang's pods: its own holds only
-            except ValidationError:
-                hold = False
-        return super().pick(req, names, hold=hold)  # type: ignore[misc]
+                slots = self.answers.slots(names)
+                among = np.zeros(self.ledger.state.n, dtype=bool)
+                among[slots[slots >= 0]] = True
+                # a view that may not bind (a follower) plans as a dry run: the filter says
+                # whether the group fits, the leader's bind plans again and holds
+                outcome = self._plan_group(group, among, None, hold=self.gang_may_hold())
+            except PlacementError as e:
+                return [], {}, dict.fromkeys(names, str(e))
+            if isinstance(outcome, str):
+                return [], dict.fromkeys(names, outcome), {}
+            node = self.held_node(req.key)
+            if node is None:
+                return None  # min-available met without it: the plain filter
+        why = f"gang {group.name}: this pod's GPU share is held on node {node}"
+        return ([node] if node in names else [], {n: why for n in names if n != node}, {})
 
-    def prioritize(self, req: PodRequest, names: list[str]) -> dict[str, int]:
-        key = req.key
-        if key in self._held_by and key in self.inflight:
-            node = self.inflight[key].node
-            return {n: 10 if n == node else 0 for n in names}
-        return super().prioritize(req, names)  # type: ignore[misc]
+    def holds_own(self, req: PodRequest) -> bool:
+        """Whether ``req``'s pod names a group (well or not): a plain pick must not hold it,
+        since a gang's pods are held by their group only."""
+        try:
+            return gang_labels(req.labels) is not None
+        except ValidationError:
+            return True
 
-    def reserve(self, req: PodRequest, node: str) -> Reservation:
+    def prioritize(self, req: PodRequest, names: list[str]) -> dict[str, int] | None:
+        """A held pod's scores (10 on its held node); ``None`` for any other pod."""
+        node = self.held_node(req.key)
+        if node is None:
+            return None
+        return {n: 10 if n == node else 0 for n in names}
+
+    def reserve(self, req: PodRequest, node: str) -> Reservation | None:
+        """A gang pod's reservation at its bind (its hold, or the group planned now with the
+        pod pinned to ``node``); ``None`` for any other pod. PlacementError naming the group
+        when it does not fit."""
         self.gang_expire()
+        ledger = self.ledger
         key = req.key
-        if key in self._held_by and key in self.inflight:
-            r = self.inflight[key]
+        if key in self._held_by and key in ledger.inflight:
+            r = ledger.inflight[key]
             if r.node == node:
                 self._binding.add(key)
                 return r
@@ -425,10 +431,10 @@ class GangScheduling:
             gk = self._held_by[key]
             self._release_hold(key)
             try:
-                r = super().reserve(req, node)  # type: ignore[misc]
+                r = self.answers.reserve(req, node)
             except PlacementError:
-                back = self.state.reserve(req, r.node, r.alloc, check_host=False)
-                self.inflight[key] = back
+                back = ledger.state.reserve(req, r.node, r.alloc, check_host=False)
+                ledger.inflight[key] = back
                 self._held_by[key] = gk
                 self.groups[gk].holds.add(key)
                 raise PlacementError(
@@ -439,32 +445,34 @@ class GangScheduling:
             self._binding.add(key)
             return r
         if not req.wants_gpu:
-            return super().reserve(req, node)  # type: ignore[misc]
+            return None
         try:
             group = self._group_for(req)
         except ValidationError as e:
             raise PlacementError(f"{key}: invalid pod group: {e}") from None
         if group is None:
-            return super().reserve(req, node)  # type: ignore[misc]
-        i = self.state.index.get(node)
+            return None
+        i = ledger.state.index.get(node)
         if i is None:
-            return super().reserve(req, node)  # type: ignore[misc]  (its clear error)
+            return None  # the plain reservation's clear error
         outcome = self._plan_group(group, None, (req, i), hold=True)
         if isinstance(outcome, str):
             raise PlacementError(outcome)
-        if key in self._held_by and key in self.inflight:
+        if key in self._held_by and key in ledger.inflight:
             self._binding.add(key)
-            return self.inflight[key]
-        return super().reserve(req, node)  # type: ignore[misc]
+            return ledger.inflight[key]
+        return None
 
-    def release_inflight(self, key: str) -> None:
+    def bind_failed(self, key: str) -> bool:
+        """A bind of ``key`` failed: True when its group's hold stays (for the retry, or the
+        timeout), so its reservation must not be released."""
         if key in self._held_by:
-            # a failed bind of a held pod: the hold stays for the retry (or the timeout)
             self._binding.discard(key)
-            return
-        super().release_inflight(key)  # type: ignore[misc]
+            return True
+        return False
 
     def bound(self, key: str) -> None:
+        """``key`` was bound: no longer held, a bound member of its group."""
         gk = self._held_by.get(key)
         self._unmark(key)
         if gk is not None:
@@ -472,4 +480,3 @@ class GangScheduling:
             m = group.members.get(key) if group is not None else None
             if m is not None:
                 m.bound = True
-        super().bound(key)  # type: ignore[misc]

@@ -1,38 +1,66 @@
-"""The extender's view of the cluster: the core's ClusterState fed by Node and Pod objects, and
-the answers kube-scheduler asks of it. One class, :class:`ClusterView`, made of one room per
-concept:
+"""The extender's view of the cluster: the composition root that builds the cluster cache and
+the feature objects, hands each its dependencies, and answers kube-scheduler's verbs and the
+informer's events by calling them in a fixed order. :class:`ClusterView` is that facade.
 
-- :mod:`.cache` (:class:`~.cache.ClusterCache`): the cluster cache, nodes and pods as the
-  informer's lists and events show them, the in-flight reservations, the host ledger;
-- :mod:`.reader` (:class:`~.reader.PlacementReader`): pod objects read into requests and
-  placements, memoised;
-- :mod:`.workload` (:class:`~.workload.LearnedWorkload`): the policy's target workload, learnt
-  from the pods seen and refreshed;
-- :mod:`.answers` (:class:`~.answers.SchedulingAnswers`): filter, the policy's pick (held
-  until the bind, :class:`~.picks.HeldPicks`), prioritize's scores and the bind's reservation;
-- :mod:`.early_prioritize` (:class:`~.early_prioritize.EarlyPrioritize`): the prioritize
-  answered right after its filter and kept while nothing it read changed;
-- :mod:`.gangs` (:class:`~.gangs.GangScheduling`): pod groups placed all together or not at
-  all, with their GPU shares held while they wait (wraps the verbs and the pod events).
+The parts (one module each):
 
+- :mod:`.cache` (:class:`~.cache.ClusterCache`): the ledger; nodes, pods, the state, in-flight
+  reservations, the host ledger;
+- :mod:`.workload` (:class:`~.workload.LearnedWorkload`): the policy's target workload;
+- :mod:`.drastate` (:class:`~.drastate.DraState`): DRA nodes' GPUs, claims, DRA pods;
+- :mod:`.pickholds` (:class:`~.pickholds.PickHolds`): the picks held until their binds;
+- :mod:`.answers` (:class:`~.answers.SchedulingAnswers`): filter, pick, scores, reservation;
+- :mod:`.early_prioritize` (:class:`~.early_prioritize.EarlyPrioritize`): prioritize, kept;
+- :mod:`.gangs` (:class:`~.gangs.GangScheduling`): pod groups, asked first for their pods.
+
+ResourcePolicy (:mod:`.resourcepolicies`) restricts the filter's answer in the server.
 Everything is synchronous and free of I/O; the informer feeds it events and the HTTP handlers
 ask it questions, all on one event loop, so every method runs atomically.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ..placement.base import get_policy
 from ..placement.fragmentation import TargetWorkload
-from ..request import Kind
-from .answers import SchedulingAnswers, request_key
-from .cache import ROW_LOCAL_POLICIES, UNKNOWN_NODE, ClusterCache
+from ..request import Kind, PodRequest
+from ..state import Reservation
+from .answers import ROW_LOCAL_POLICIES, SchedulingAnswers, request_key
+from .cache import UNKNOWN_NODE, ClusterCache, gc_paused
+from .drastate import DraState
 from .early_prioritize import EarlyPrioritize
 from .gangs import GangScheduling
+from .pickholds import PickHolds
 from .picks import DEFAULT_TIMEOUT_S, HeldPicks
-from .reader import Placed, PlacementReader
-from .workload import default_workload, shape_of
+from .reader import Placed, PlacementReader, _key
+from .workload import LearnedWorkload, default_workload, shape_of
 
 
-class ClusterView(GangScheduling, EarlyPrioritize, SchedulingAnswers, ClusterCache):
+class _Part:
+    """An attribute of one of the view's parts, read (and set) through the view."""
+
+    def __init__(self, part: str, name: str = "") -> None:
+        self.part, self.name = part, name
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = self.name or name
+
+    def __get__(self, view: object, owner: type | None = None) -> Any:
+        if view is None:
+            return self
+        return getattr(getattr(view, self.part), self.name)
+
+    def __set__(self, view: object, value: Any) -> None:
+        setattr(getattr(view, self.part), self.name, value)
+
+
+class ClusterView:
+    """The cluster cache and the features over it, composed; the verbs and the events in their
+    order. The parts' own attributes are read through the view (``state``, ``inflight``,
+    ``picks``, ``claims``, ``groups`` ...)."""
+
     def __init__(self, policy: str = "default", *, workload_refresh: int = 50,
                  graded: bool = False, workload: TargetWorkload | None = None,
                  hold_timeout: float = DEFAULT_TIMEOUT_S) -> None:
@@ -40,10 +68,172 @@ class ClusterView(GangScheduling, EarlyPrioritize, SchedulingAnswers, ClusterCac
         ran with), never re-learnt; by default it is learnt from the pods seen. ``graded``:
         prioritize scores every feasible node, not only the policy's pick. ``hold_timeout``:
         seconds a pick filter answered with stays held without its bind."""
-        self._init_answers(graded, HeldPicks(hold_timeout))
-        self._init_early()
-        self._init_gangs()
-        ClusterCache.__init__(self, policy, workload_refresh=workload_refresh, workload=workload)
+        self.learned = LearnedWorkload(get_policy(policy), refresh=workload_refresh,
+                                       fixed=workload)
+        self.ledger = ClusterCache(policy, self.learned)
+        self.dra = DraState(self.ledger)
+        self.holds = PickHolds(self.ledger, HeldPicks(hold_timeout))
+        self.ledger.gpus = self.dra  # DRA nodes' GPUs come from their ResourceSlices
+        self.ledger.give_way = self.holds.drop  # held picks yield to a bound pod's record
+        self.answers = SchedulingAnswers(self.ledger, self.learned, self.dra, self.holds,
+                                         graded=graded)
+        self.early = EarlyPrioritize(self.ledger, self.learned, self.answers)
+        self.gangs = GangScheduling(self.ledger, self.learned, self.answers)
+
+    # -- kube-scheduler's verbs: a gang's pod first, then the plain answers ---------------
+    def filter(self, req: PodRequest, names: list[str]
+               ) -> tuple[list[str], dict[str, str], dict[str, str]]:
+        """(passing names, failed {name: reason}, unresolvable {name: reason})."""
+        got = self.gangs.filter(req, names)
+        return got if got is not None else self.answers.filter(req, names)
+
+    def pick(self, req: PodRequest, names: list[str], *, hold: bool) -> str | None:
+        """The node among ``names`` the policy picks (a gang's held pod: its held node); with
+        ``hold``, held until the bind (:mod:`.pickholds`)."""
+        node = self.gangs.held_node(req.key)
+        if node is not None:
+            return node if node in names else None
+        return self.answers.pick(req, names, hold=hold and not self.gangs.holds_own(req))
+
+    def prioritize(self, req: PodRequest, names: list[str]) -> dict[str, int]:
+        """Scores 0..10 (:meth:`~.early_prioritize.EarlyPrioritize.prioritize`)."""
+        got = self.gangs.prioritize(req, names)
+        return got if got is not None else self.early.prioritize(req, names)
+
+    def reserve(self, req: PodRequest, node: str) -> Reservation:
+        """The bind's reservation on ``node``, in flight (PlacementError: it does not fit)."""
+        got = self.gangs.reserve(req, node)
+        return got if got is not None else self.answers.reserve(req, node)
+
+    def release_inflight(self, key: str) -> None:
+        """The bind failed: its reservation goes (a gang's hold stays)."""
+        if self.gangs.bind_failed(key):
+            return
+        self.holds.take(key)
+        self.ledger.give_back(key)
+
+    def bound(self, key: str) -> None:
+        """The binding was created: the reservation is now what the pod's annotations say."""
+        self.gangs.bound(key)
+        self.ledger.bound(key)
+
+    # -- the informer's events ---------------
+    def upsert_pod(self, obj: Mapping[str, Any]) -> None:
+        key = _key(obj)
+        self.gangs.on_pod(key, obj)
+        self.dra.dra_pod_event(key, obj)
+        self.holds.on_pod(key, obj)
+        self.ledger.upsert_pod(key, obj)
+
+    def delete_pod(self, obj: Mapping[str, Any]) -> None:
+        key = _key(obj)
+        self.gangs.on_pod_deleted(key)
+        self.dra.dra_pod_event(key, None)
+        self.learned.forget(key)
+        self.holds.take(key)
+        self.ledger.delete_pod(key)
+
+    def reset(self, nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
+              dra: tuple[Iterable[Mapping[str, Any]], Iterable[Mapping[str, Any]]] | None = None
+              ) -> int:
+        """Rebuild everything from listed Node and Pod objects (start, relist after 410 Gone,
+        repair after a failed consistency check) and, with ``dra``, listed ResourceSlices and
+        ResourceClaims (without: the slices and claims known are kept and held again).
+        In-flight reservations are kept. Returns the number of pods whose annotations could
+        not be applied."""
+        pods = pods if isinstance(pods, list) else list(pods)
+        with gc_paused():
+            if dra is not None:
+                self.dra.load(*dra)
+            bad, waiting = self.ledger.reset(nodes, pods)
+            self.answers.forget()
+            self.dra.dra_waiting_reset(waiting)
+        self.gangs.after_reset(pods)
+        return bad
+
+    def maybe_refresh_workload(self) -> None:
+        self.learned.maybe_refresh(self.ledger.state)
+
+    def use_workload(self, workload: TargetWorkload | None) -> None:
+        """Fix the policy's target workload (``None``: learn it from the pods seen again)."""
+        self.learned.use(workload, self.ledger.state)
+
+    # -- the parts' attributes, read through the view ---------------
+    state = _Part("ledger")
+    scheduler = _Part("ledger")
+    policy = _Part("ledger")
+    policy_name = _Part("ledger")
+    specs = _Part("ledger")
+    placed = _Part("ledger")
+    inflight = _Part("ledger")
+    starting = _Part("ledger")
+    unseen = _Part("ledger")
+    on_unseen = _Part("ledger")
+    host = _Part("ledger")
+    host_sum = _Part("ledger")
+    problems = _Part("ledger")
+    synced = _Part("ledger")
+    reader = _Part("ledger")
+    track_changes = _Part("ledger")
+    untrack_changes = _Part("ledger")
+    known_bound = _Part("ledger")
+    upsert_node = _Part("ledger")
+    delete_node = _Part("ledger")
+    drift = _Part("ledger")
+    fingerprint = _Part("ledger")
+    node_modes = _Part("ledger")
+
+    workload = _Part("learned")
+    fixed_workload = _Part("learned")
+    workload_refresh = _Part("learned")
+    shapes = _Part("learned")
+    history = _Part("learned")
+
+    dra_driver = _Part("dra")
+    slices = _Part("dra")
+    slice_gpus = _Part("dra")
+    claims = _Part("dra")
+    claim_held = _Part("dra")
+    dra_slots = _Part("dra")
+    dra_waiting = _Part("dra")
+    _waiting_on = _Part("dra")
+    on_dra_unschedulable = _Part("dra")
+    upsert_slice = _Part("dra")
+    delete_slice = _Part("dra")
+    upsert_claim = _Part("dra")
+    delete_claim = _Part("dra")
+    dra_request = _Part("dra")
+    dra_holds = _Part("dra")
+    dra_pool = _Part("dra")
+    dra_recheck = _Part("dra")
+    pool_mask = _Part("dra")
+    pool_reason = _Part("dra")
+
+    picks = _Part("holds")
+    held_pick = _Part("holds")
+    expire_picks = _Part("holds", "expire")
+    drop_picks = _Part("holds", "drop")
+
+    graded = _Part("answers")
+    slots = _Part("answers")
+    feasible = _Part("answers")
+    feasible_at = _Part("answers")
+    fits_empty = _Part("answers")
+    scores = _Part("answers")
+
+    still_current = _Part("early")
+
+    groups = _Part("gangs")
+    podgroups = _Part("gangs")
+    gang_clock = _Part("gangs")
+    gang_may_hold = _Part("gangs")
+    gang_default_timeout = _Part("gangs")
+    gang_holds = _Part("gangs")
+    gang_expire = _Part("gangs")
+    drop_gang_holds = _Part("gangs")
+    upsert_podgroup = _Part("gangs")
+    delete_podgroup = _Part("gangs")
+    reset_podgroups = _Part("gangs")
 
 
 __all__ = [

@@ -1,17 +1,15 @@
-"""The target workload the view's policy is prepared with: learnt from the shapes of the pods
-seen (first after ``workload_refresh`` pods, then each time their number doubled) or fixed,
-and a default until pods have been seen. A part of :class:`~.view.ClusterView`."""
+"""The target workload the extender's policy is prepared with: learnt from the shapes of the
+pods seen (first after ``workload_refresh`` pods, then each time their number doubled) or
+fixed, and a default until pods have been seen."""
 
 from __future__ import annotations
 
 from collections import Counter
 from typing import Any
 
-import numpy as np
-
 from ..annotations import Allocation
+from ..placement.base import Policy
 from ..placement.fragmentation import Shape, TargetWorkload
-from ..placement.nodecache import ShapeCache
 from ..request import PodRequest
 from ..state import ClusterState
 
@@ -40,13 +38,28 @@ def default_workload(state: ClusterState) -> TargetWorkload:
 
 
 class LearnedWorkload:
-    """The workload refresh of :class:`~.view.ClusterView` (its attributes are made by
-    :class:`~.cache.ClusterCache`: ``history``, ``shapes``, ``policy``, ``state``...)."""
+    """The policy's target workload: learnt from the shapes of the pods counted (or fixed),
+    handed to the policy with the state it scores. ``epoch`` grows each time the policy is
+    prepared afresh (scores kept from before are stale then)."""
 
-    def _prepare(self, force: bool = True) -> None:
-        """Learn the target workload and hand it to the policy. Unless ``force``d (a new
-        state), a workload that barely moved (total variation below 5 %) is not handed over
-        again, since that would drop the policy's caches for nothing."""
+    def __init__(self, policy: Policy, *, refresh: int = 50,
+                 fixed: TargetWorkload | None = None) -> None:
+        self.policy = policy
+        self.workload_refresh = refresh
+        self.fixed_workload = fixed
+        self.workload: TargetWorkload | None = None
+        self.shapes: Counter[Shape] = Counter()
+        # the same pods by (shape, host memory MiB): the history the workload is learnt from
+        self.history: Counter[tuple[Shape, int]] = Counter()
+        self._shape_of: dict[str, Shape] = {}  # live pods already counted in ``shapes``
+        self._seen = 0  # pods counted in ``shapes``
+        self._shapes_at_prepare = -1
+        self.epoch = 0
+
+    def prepare(self, state: ClusterState, force: bool = True) -> None:
+        """Learn the target workload and hand it to the policy with ``state``. Unless
+        ``force``d (a new state), a workload that barely moved (total variation below 5 %) is
+        not handed over again, since that would drop the policy's caches for nothing."""
         total = self._seen
         if self.fixed_workload is not None:
             workload = self.fixed_workload
@@ -56,33 +69,32 @@ class LearnedWorkload:
             workload = TargetWorkload.from_shapes([t for t, _ in pods],
                                                   mem=[m for _, m in pods])
         else:
-            workload = default_workload(self.state)
+            workload = default_workload(state)
         self._shapes_at_prepare = total
         if not force and self.workload is not None and _distance(self.workload, workload) < 0.05:
             return
         self.workload = workload
-        self.policy.prepare(self.state, self.workload)
-        self._epoch += 1
-        if self._scores is not None:
-            self._scores = ShapeCache({"score": np.float64})
+        self.policy.prepare(state, self.workload)
+        self.epoch += 1
 
-    def use_workload(self, workload: TargetWorkload | None) -> None:
+    def use(self, workload: TargetWorkload | None, state: ClusterState) -> None:
         """Fix the policy's target workload (``None``: learn it from the pods seen again)."""
         self.fixed_workload = workload
-        self._prepare()
+        self.prepare(state)
 
-    def maybe_refresh_workload(self) -> None:
+    def maybe_refresh(self, state: ClusterState) -> None:
         """Re-learn the target workload from the pods seen: first after ``workload_refresh``
         pods, then each time their number doubled."""
         total = self._seen
         if total < self.workload_refresh or self.fixed_workload is not None:
             return
         if self._shapes_at_prepare < self.workload_refresh:
-            self._prepare()
+            self.prepare(state)
         elif total >= 2 * self._shapes_at_prepare:
-            self._prepare(force=False)
+            self.prepare(state, force=False)
 
-    def _count_shape(self, key: str, req: PodRequest, alloc: Allocation) -> None:
+    def count(self, key: str, req: PodRequest, alloc: Allocation) -> None:
+        """Count a placed pod's shape once (it stays in the history after the pod ends)."""
         if key in self._shape_of:
             return
         s = shape_of(req, alloc)
@@ -91,6 +103,17 @@ class LearnedWorkload:
             self._seen += 1
             self.shapes[s] += 1
             self.history[(s, req.mem_mib)] += 1
+
+    def forget(self, key: str) -> None:
+        """The pod is gone: its shape stays in the history."""
+        self._shape_of.pop(key, None)
+
+    def clear(self) -> None:
+        """Forget every count (a rebuild counts the placed pods again)."""
+        self._shape_of.clear()
+        self._seen = 0
+        self.shapes.clear()
+        self.history.clear()
 
 
 def _distance(a: TargetWorkload, b: TargetWorkload) -> float:
