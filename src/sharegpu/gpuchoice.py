@@ -94,6 +94,10 @@ def assign(
     ``prefer`` maps a container index to the GPUs a policy already picked for it; they are
     checked like any other choice.
     """
+    if len(req.containers) == 1 and strategy in _ONE_GPU_ORDERS:
+        c = req.containers[0]
+        if c.gpus == 1 and not c.whole:
+            return _assign_one(state, c, node, strategy, prefer)
     g = int(state.gpu_count[node])
     free = state.gpu_free[node, :g].copy()
     total = state.gpu_total[node, :g]
@@ -122,6 +126,44 @@ def assign(
                 int(gpu): names.CORE_PER_GPU if c.whole else c.gpu_core for gpu in chosen
             }
     return Allocation(mem=mem, core=cores)
+
+
+# the strategies' orders for one share of one GPU, as sort keys over (free after, pods, index):
+# the same orders as _order's
+_ONE_GPU_ORDERS: dict[str, Callable[[int, int, int], tuple[int, ...]]] = {
+    FIRSTFIT: lambda after, pods, i: (i,),
+    "bestfit": lambda after, pods, i: (after, i),
+    "binpack": lambda after, pods, i: (after, i),
+    "topology": lambda after, pods, i: (after, i),
+    "spread": lambda after, pods, i: (-after, pods, i),
+}
+
+
+def _assign_one(
+    state: GpuRows, c: ContainerRequest, node: int, strategy: str,
+    prefer: dict[int, tuple[int, ...]] | None,
+) -> Allocation | None:
+    """:func:`assign` for a pod of one container on a share of one GPU (most pods), on the
+    node's row as Python numbers: a numpy pipeline over a few GPUs costs more than the rules."""
+    g = int(state.gpu_count[node])
+    free = state.gpu_free[node, :g].tolist()
+    pods = state.gpu_pods[node, :g].tolist()
+    core = state.core_free[node, :g].tolist() if c.gpu_core else None
+    limit = state.max_pods_per_gpu
+    fits = [i for i in range(g) if free[i] >= c.gpu_mem and pods[i] < limit
+            and (core is None or core[i] >= c.gpu_core)]
+    if prefer and c.index in prefer:
+        want = prefer[c.index]
+        if len(set(want)) != 1 or want[0] not in fits:
+            return None
+        gpu = int(want[0])
+    elif not fits:
+        return None
+    else:
+        key = _ONE_GPU_ORDERS[strategy]
+        gpu = min(fits, key=lambda i: key(free[i] - c.gpu_mem, pods[i], i))
+    return Allocation(mem={c.index: {gpu: c.gpu_mem}},
+                      core={c.index: {gpu: c.gpu_core}} if c.gpu_core else {})
 
 
 def _take(

@@ -283,6 +283,27 @@ class ClusterState:
             ok &= self.pods_mem_only[sl] == 0
         return ok
 
+    def admits(self, req: PodRequest, i: int) -> bool:
+        """:meth:`node_mask` for the one node slot ``i``, on scalars (a placement checks one
+        node, and a one-row numpy pipeline costs more than the rules themselves)."""
+        if not self.active[i]:
+            return False
+        if req.cpu_milli and self.cpu_free[i] < req.cpu_milli:
+            return False
+        if req.mem_mib and self.mem_free[i] < req.mem_mib:
+            return False
+        if not _MODE_TABLES[req.kind][self.mode[i]]:
+            return False
+        if req.models is not None:
+            model = int(self.model[i])
+            if not any(self.models.get(m) == model for m in req.models):
+                return False
+        if req.kind is Kind.SHARED:
+            return bool(self.pods_mem_core[i] == 0)
+        if req.kind is Kind.SHARED_CORE:
+            return bool(self.pods_mem_only[i] == 0)
+        return True
+
     def feasible(self, req: PodRequest, rows: np.ndarray | None = None) -> np.ndarray:
         """Boolean mask over node slots (or over ``rows``, an array of slots): where the pod
         can be placed."""
@@ -362,8 +383,7 @@ class ClusterState:
         return None
 
     def feasible_one(self, req: PodRequest, node: int) -> bool:
-        row = slice(node, node + 1)
-        return bool(self.node_mask(req, row)[0]) and assign(self, req, node, "bestfit") is not None
+        return self.admits(req, node) and assign(self, req, node, "bestfit") is not None
 
     # -- changes ------------------------------------------------------------------------------
     def _check(self, req: PodRequest, i: int, alloc: Allocation, check_host: bool = True) -> None:
@@ -373,7 +393,7 @@ class ClusterState:
         if spec is None or not self.active[i]:
             raise PlacementError(f"{req.key}: node slot {i} is not active")
         admit = req if check_host else without_host(req)
-        if not bool(self.node_mask(admit, slice(i, i + 1))[0]):
+        if not self.admits(admit, i):
             reason = self.explain(admit, i) or "node does not admit the pod"
             raise PlacementError(f"{req.key} on {spec.name}: {reason}")
         g = int(self.gpu_count[i])

@@ -16,7 +16,8 @@ kubelet and containerd enter it with ``nsenter``) where the host paths a GPU nod
 are bind mounts of the node's own root directory: ``/var/lib/kubelet``, ``/var/lib/sharegpu``,
 ``/usr/local/vgpu``, ``/run/nvidia`` (the driver root ``/run/nvidia/driver`` holding the fake
 ``libnvidia-ml.so.1``, a fake ``libcuda.so.1`` and the stand-in ``nvidia-cuda-mps-control``, as a
-driver container would put them), ``/var/log/nvidia-mps``, ``/run/cdi``, ``/var/log/pods``,
+driver container would put them, and ``fakenvml/procs``, the GPU processes the fake NVML reports:
+:meth:`RealNode.set_gpu_processes`), ``/var/log/nvidia-mps``, ``/run/cdi``, ``/var/log/pods``,
 ``/tmp/sharegpu-vgpu`` and ``/tmp/vgpulock`` (and ``/run/containerd``, the shims' sockets). So
 the chart's default host paths serve every node unchanged, and nodes never share a file. Each
 node has its own cgroup parent (``cgroupRoot``), ports, containerd root, state and socket, CNI
@@ -465,9 +466,22 @@ class RealNode:
         _run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(lib / "libnvidia-ml.so.1"),
               str(fakenvml)], "compiling the fake libnvidia-ml.so.1")
         build_fake_cuda(lib)
+        # the GPU processes the fake NVML reports (set_gpu_processes), none to begin with
+        (self.driver_root / "fakenvml").mkdir(exist_ok=True)
+        (self.driver_root / "fakenvml" / "procs").write_text("")
         mps = REPO / "tests" / "agent" / "standins" / "nvidia-cuda-mps-control"
         shutil.copy2(mps, bin_ / "nvidia-cuda-mps-control")
         (bin_ / "nvidia-cuda-mps-control").chmod(0o755)
+
+    def set_gpu_processes(self, procs: Sequence[tuple[int, int, int]]) -> None:
+        """What the node's fake NVML reports as the compute processes on its GPUs: ``(GPU
+        index, PID in the host's PID namespace, MiB used)`` each, as a driver sees every process
+        on the node. The list is replaced whole (the runtime stand-in mounts its directory into
+        every GPU container)."""
+        d = self.driver_root / "fakenvml"
+        tmp = d / ".procs.new"
+        tmp.write_text("".join(f"{gpu} {pid} {mib}\n" for gpu, pid, mib in procs))
+        os.replace(tmp, d / "procs")
 
     def _write_runtime_wrapper(self) -> None:
         wrapper = self.dir / "nvidia-container-runtime"

@@ -112,7 +112,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValidationError("--jobs", args.jobs, "must be 0 (CPU count) or more")
 
     err = Console(stderr=True)
-    lengths = stream_lengths(source, workloads, seeds, args.inflation)
+    # the table reports the figures at 100 % arrival: without --json and --plot (the curve to
+    # 130 %) each run stops once they are known, and they are what the whole run would give
+    headline_only = not args.json and not args.plot
+    lengths = stream_lengths(source, workloads, seeds, args.inflation, headline_only)
     runs = len(workloads) * len(policies) * len(seeds)
     pods = len(policies) * sum(lengths.values())
     progress = for_stream(err, sys.stderr, pods, runs)
@@ -120,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
         summaries = run_matrix(
             source, workloads, policies, seeds, inflation=args.inflation, jobs=args.jobs or None,
             gpu_choice=args.gpu_choice, on_done=progress.finished, on_pods=progress.pods,
+            headline_only=headline_only,
         )
     finally:
         progress.close()

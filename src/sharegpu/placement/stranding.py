@@ -99,6 +99,15 @@ class StrandingModel:
         (strand keeps the values of the rows it has seen)."""
         if len(free) == 0 or self.size == 0:
             return np.zeros(len(free))
+        gpu_use, usable = self._usable(free, cpu, mem, model)
+        per_shape = gpu_use - usable if self.measure == "resources" else -usable
+        return _weighted(per_shape, self.p)
+
+    def _usable(
+        self, free: np.ndarray, cpu: np.ndarray, mem: np.ndarray, model: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """[R, T] ``gpu_t`` and ``u_t`` of each row. Whole numbers in float64, so a column's
+        values do not depend on the other columns."""
         fit = free[:, :, None] >= self.gpu[None, None, :]  # [R, W, T]
         ok = (fit.sum(axis=1) >= self.k[None, :]) & self.access[:, model].T
         gpu_use = np.where(ok, np.einsum("rw,rwt->rt", free, fit, dtype=np.float64), 0.0)
@@ -106,7 +115,37 @@ class StrandingModel:
         by_cpu = np.where(c["cpu_used"], np.floor(cpu[:, None] / c["cpu_div"]), np.inf)
         by_mem = np.where(c["mem_used"], np.floor(mem[:, None] / c["mem_div"]), np.inf)
         cap = np.maximum(np.minimum(by_cpu, by_mem), 0.0) * c["per_pod"]
-        usable = np.minimum(gpu_use, cap)
-        per_shape = gpu_use - usable if self.measure == "resources" else -usable
-        # a row-wise sum so that equal rows give bit-equal values whatever the batch
-        return (per_shape * self.p[None, :]).sum(axis=1)
+        return gpu_use, np.minimum(gpu_use, cap)
+
+
+class ResourcesAndClaim:
+    """``resources`` and ``claim`` of the same history for node rows in one pass: the claim's
+    shapes are a subset of the resources' and share their ``u_t``, so it is computed once. The
+    values are the very values of the two models' own :meth:`StrandingModel.rows`."""
+
+    def __init__(self, resources: StrandingModel, claim: StrandingModel) -> None:
+        if (resources.measure, claim.measure) != ("resources", "claim") or (
+                resources.workload is not claim.workload):
+            raise ValueError("a resources and a claim model of the same workload are needed")
+        self.resources = resources
+        self.claim = claim
+        #: where each of the claim's shapes is among the resources'
+        self.columns = np.flatnonzero(claim._keep[resources._keep])
+
+    def rows(
+        self, free: np.ndarray, cpu: np.ndarray, mem: np.ndarray, model: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """R and V of each row (arguments as :meth:`StrandingModel.rows`)."""
+        res, claim = self.resources, self.claim
+        if len(free) == 0 or res.size == 0:
+            return np.zeros(len(free)), np.zeros(len(free))
+        gpu_use, usable = res._usable(free, cpu, mem, model)
+        r = _weighted(gpu_use - usable, res.p)
+        if claim.size == 0:
+            return r, np.zeros(len(free))
+        return r, _weighted(-usable[:, self.columns], claim.p)
+
+
+def _weighted(per_shape: np.ndarray, p: np.ndarray) -> np.ndarray:
+    # a row-wise sum so that equal rows give bit-equal values whatever the batch
+    return (per_shape * p[None, :]).sum(axis=1)

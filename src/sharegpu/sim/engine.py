@@ -24,6 +24,10 @@ from .trace import GPU_UNITS, TracePod
 from .workload import stream
 
 CURVE_MAX = 130
+#: the last arrived % the headline reads: :func:`curve_points`' point at 100 takes the events
+#: whose arrived % rounds to 100, or those within 99..101 when none does, so nothing at or above
+#: 101.5 % changes the headline or the fragmentation at 100 %
+HEADLINE_END_PCT = 101.5
 
 
 @dataclass
@@ -74,6 +78,15 @@ def crossing(arrived_pct: np.ndarray, alloc_pct: np.ndarray, x: float) -> float 
     return round(b0 + (b1 - b0) * (x - a0) / (a1 - a0), 2)
 
 
+def headline_length(seq: Sequence[TracePod], capacity: int) -> int:
+    """Pods of the stream ``seq`` up to the first whose arrival brings the demand to
+    :data:`HEADLINE_END_PCT` % of the ``capacity`` GPUs (all of them when it never does):
+    every pod the headline and the fragmentation at 100 % depend on."""
+    arrived = np.cumsum([tp.gpu_demand for tp in seq], dtype=np.int64).astype(np.float64)
+    past = np.flatnonzero(arrived / capacity / 10.0 >= HEADLINE_END_PCT)
+    return int(past[0]) + 1 if len(past) else len(seq)
+
+
 def node_order(n: int, seed: int) -> np.ndarray:
     """Each node's rank for the seed: the paper's simulator lists nodes in a per-seed random
     order, and ties go to the first."""
@@ -109,11 +122,14 @@ def run_one(
     on_progress: Callable[[int], None] | None = None,
     placements: list[str | None] | None = None,
     gpu_choice: str = "policy",
+    headline_only: bool = False,
 ) -> RunResult:
     """One policy over one seed's pod stream. ``placements``, when given, gets each pod's node
     (``None`` when it was not placed), in stream order. ``on_progress`` gets the number of pods
     decided so far, every 64 pods. ``gpu_choice="allocator"``: the policy
-    picks the node, the GPUs inside it are the DRA allocator's (first fit in device order)."""
+    picks the node, the GPUs inside it are the DRA allocator's (first fit in device order).
+    ``headline_only``: the stream stops at :func:`headline_length`, so the headline and the
+    fragmentation are those of the whole stream and the curve ends near 101 %."""
     started = time.perf_counter()
     state = ClusterState(nodes)
     capacity = int(state.gpu_count[: state.n].sum())
@@ -123,6 +139,8 @@ def run_one(
     state.set_order(node_order(state.n, seed))
     sched = Scheduler(state, pol, seed=seed, gpu_choice=gpu_choice)
     seq = stream(pods, capacity, seed, inflation)
+    if headline_only:
+        seq = seq[: headline_length(seq, capacity)]
     n = len(seq)
     arrived = np.zeros(n)
     used = np.zeros(n)

@@ -18,7 +18,7 @@ from typing import Any
 from ..errors import ValidationError
 from ..state import ClusterState, NodeSpec
 from . import generate
-from .engine import RunResult, run_one
+from .engine import RunResult, headline_length, run_one
 from .trace import NODE_FILE, TracePod, list_workloads, read_nodes, read_pods, workload_path
 from .workload import stream, target_workload
 
@@ -80,7 +80,7 @@ def _add_to_shared(n: int) -> None:
 
 def _task(
     source: Source, workload: str, policy: str, seed: int, inflation: float,
-    gpu_choice: str = "policy", on_pods: PodsDone | None = None,
+    gpu_choice: str = "policy", on_pods: PodsDone | None = None, headline_only: bool = False,
 ) -> RunResult:
     nodes, pods = _load(source, workload)
     if on_pods is None and _SHARED is not None:
@@ -94,22 +94,25 @@ def _task(
             reported = i
 
     r = run_one(nodes, pods, policy, seed, workload, target_workload(pods), inflation,
-                on_progress=progress, gpu_choice=gpu_choice)
+                on_progress=progress, gpu_choice=gpu_choice, headline_only=headline_only)
     progress(r.pods)
     return r
 
 
 def stream_lengths(
-    source: Source, workloads: Sequence[str], seeds: Sequence[int], inflation: float
+    source: Source, workloads: Sequence[str], seeds: Sequence[int], inflation: float,
+    headline_only: bool = False,
 ) -> dict[tuple[str, int], int]:
-    """Pods in each (workload, seed)'s stream: what every policy's run of it decides."""
+    """Pods in each (workload, seed)'s stream: what every policy's run of it decides (up to
+    the headline's last pod with ``headline_only``, see :func:`.engine.headline_length`)."""
     out = {}
     for w in workloads:
         nodes, pods = _load(source, w)
         state = ClusterState(nodes)
         capacity = int(state.gpu_count[: state.n].sum())
         for s in seeds:
-            out[(w, s)] = len(stream(pods, capacity, s, inflation))
+            seq = stream(pods, capacity, s, inflation)
+            out[(w, s)] = headline_length(seq, capacity) if headline_only else len(seq)
     return out
 
 
@@ -173,11 +176,14 @@ def run_matrix(
     gpu_choice: str = "policy",
     on_pods: Callable[[int], None] | None = None,
     poll_s: float = 0.25,
+    headline_only: bool = False,
 ) -> list[Summary]:
     """``gpu_choice``: ``policy`` (the policy's own GPUs inside the node) or ``allocator``
     (kube-scheduler's DRA allocator's: the first that fit, in device order). ``on_done`` gets
     each finished run; ``on_pods`` the number of pods decided so far over all runs (every
-    ``poll_s`` seconds with worker processes, every few hundred pods without)."""
+    ``poll_s`` seconds with worker processes, every few hundred pods without).
+    ``headline_only``: each run stops once the headline is known (its curve ends near 101 %);
+    the headline and the fragmentation are those of the whole run."""
     for w in workloads:  # fail early, with a clear message, on a missing workload
         _load(source, w)
     # seed by seed, every policy of a seed together: the pace of the first runs is the pace
@@ -195,7 +201,7 @@ def run_matrix(
                 on_pods(done)
 
         for w, p, s in tasks:
-            r = _task(source, w, p, s, inflation, gpu_choice, count)
+            r = _task(source, w, p, s, inflation, gpu_choice, count, headline_only)
             results[(w, p, s)] = r
             if on_done:
                 on_done(r)
@@ -204,7 +210,8 @@ def run_matrix(
         with ProcessPoolExecutor(max_workers=jobs, initializer=_share,
                                  initargs=(counter,)) as pool:
             futs: dict[Future[RunResult], tuple[str, str, int]] = {
-                pool.submit(_task, source, w, p, s, inflation, gpu_choice): (w, p, s)
+                pool.submit(_task, source, w, p, s, inflation, gpu_choice, None,
+                            headline_only): (w, p, s)
                 for w, p, s in tasks}
             pending = set(futs)
             try:

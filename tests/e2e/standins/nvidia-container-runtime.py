@@ -9,8 +9,11 @@ the driver's files to the bundle's config.json, read-only bind mounts from the n
     <driver>/lib/libcuda.so.1               -> /usr/lib/x86_64-linux-gnu/libcuda.so.1
     <driver>/bin/nvidia-cuda-mps-control    -> /usr/bin/nvidia-cuda-mps-control
 
-and ``FAKENVML_GPUS`` (the node's fake GPUs, read by the fake NVML). No device node is added: the
-GPUs are fake. Usage (a per-node wrapper script execs it):
+and ``FAKENVML_GPUS`` (the node's fake GPUs, read by the fake NVML). A driver sees every compute
+process on the node; the fake NVML reads them from one node-wide list instead: when the driver root
+has a ``fakenvml`` directory, it is mounted read-only at ``/run/fakenvml`` and
+``FAKENVML_PROCS_FILE=/run/fakenvml/procs`` is set (the directory, not the file, so that a list
+replaced whole is seen at once). No device node is added: the GPUs are fake. Usage (a per-node wrapper script execs it):
 
     python nvidia-container-runtime.py --runc PATH --driver-root DIR --gpus SPEC -- RUNC-ARGS...
 """
@@ -26,6 +29,7 @@ FILES = (
     ("lib/libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1"),
     ("bin/nvidia-cuda-mps-control", "/usr/bin/nvidia-cuda-mps-control"),
 )
+PROCS_DIR = ("fakenvml", "/run/fakenvml")  # the node's list of GPU processes (fakenvml.c)
 
 
 def _bundle(args: list[str]) -> str | None:
@@ -42,8 +46,8 @@ def _bundle(args: list[str]) -> str | None:
 
 
 def inject(config: dict, driver_root: str, gpus: str) -> bool:
-    """Add the driver's files and FAKENVML_GPUS to an OCI config when its env names GPUs;
-    return whether it did."""
+    """Add the driver's files, FAKENVML_GPUS and the process list (FAKENVML_PROCS_FILE) to an
+    OCI config when its env names GPUs; return whether it did."""
     env = config.get("process", {}).get("env", [])
     visible = next((e.split("=", 1)[1] for e in env if e.startswith("NVIDIA_VISIBLE_DEVICES=")),
                    "")
@@ -56,8 +60,14 @@ def inject(config: dict, driver_root: str, gpus: str) -> bool:
         if dest not in have and os.path.exists(src):
             mounts.append({"destination": dest, "type": "bind", "source": src,
                            "options": ["rbind", "ro", "nosuid", "nodev"]})
-    config["process"]["env"] = [e for e in env if not e.startswith("FAKENVML_GPUS=")] + [
-        f"FAKENVML_GPUS={gpus}"]
+    added = [f"FAKENVML_GPUS={gpus}"]
+    procs = os.path.join(driver_root, PROCS_DIR[0])
+    if os.path.isdir(procs) and PROCS_DIR[1] not in have:
+        mounts.append({"destination": PROCS_DIR[1], "type": "bind", "source": procs,
+                       "options": ["rbind", "ro", "nosuid", "nodev"]})
+        added.append(f"FAKENVML_PROCS_FILE={PROCS_DIR[1]}/procs")
+    keys = tuple(a.split("=", 1)[0] + "=" for a in added)
+    config["process"]["env"] = [e for e in env if not e.startswith(keys)] + added
     return True
 
 

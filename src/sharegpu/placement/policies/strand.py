@@ -25,7 +25,7 @@ from ..base import register
 from ..fragmentation import TargetWorkload
 from ..moves import MovePolicy
 from ..rowmemo import RowMemo, row_keys
-from ..stranding import StrandingModel
+from ..stranding import ResourcesAndClaim, StrandingModel
 from .fgd import PAPER_SCALE, FragmentationModel, gpu_scale, sigmoid_score
 
 QUANTUM = 0.5  # gains of R closer than half a GPU tie (so that ties still go to the node order)
@@ -44,6 +44,7 @@ class Strand(MovePolicy):
         self.scale = PAPER_SCALE
         self.frag: FragmentationModel  # F
         self.claim: StrandingModel  # V
+        self.both: ResourcesAndClaim
         self._reset()
 
     def _reset(self) -> None:
@@ -66,6 +67,7 @@ class Strand(MovePolicy):
                 state.mem_cap[:n][act], state.model[:n][act])
         for m in (self.model, self.claim):
             m.weigh(m.scarcity(*caps, cap=WEIGHT_CAP))
+        self.both = ResourcesAndClaim(self.model, self.claim)  # R and V in one pass
         self._reset()
 
     def rate(self, gain_f: np.ndarray, gain_r: np.ndarray, gain_v: np.ndarray) -> np.ndarray:
@@ -89,9 +91,8 @@ class Strand(MovePolicy):
         w = keys.shape[1] - 3
         free = np.ascontiguousarray(keys[:, :w])
         cpu, mem, model = keys[:, w], keys[:, w + 1], keys[:, w + 2]
-        return np.stack([self.frag.values(free, cpu, model),
-                         self.model.rows(free, cpu, mem, model),
-                         self.claim.rows(free, cpu, mem, model)], axis=1)
+        r, v = self.both.rows(free, cpu, mem, model)
+        return np.stack([self.frag.values(free, cpu, model), r, v], axis=1)
 
     def move_measures(
         self, state: ClusterState, req: PodRequest, nodes: np.ndarray, ri: np.ndarray,
