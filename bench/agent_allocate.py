@@ -21,14 +21,14 @@ import time
 
 import grpc
 
-from sharegpu import names
 from sharegpu.agent.builder import build_agent
 from sharegpu.agent.config import AgentConfig
 from sharegpu.agent.kube import MemoryKube
 from sharegpu.agent.nvml import FakeNvml
 from sharegpu.agent.proto import api_pb2 as pb
 from sharegpu.agent.proto import api_pb2_grpc as pb_grpc
-from sharegpu.annotations import Allocation, encode
+from sharegpu.core import names
+from sharegpu.core.annotations import Allocation, encode
 
 NODE = "bench-node"
 
@@ -104,7 +104,7 @@ async def main() -> None:
 
     async def start(pod: dict) -> None:
         nonlocal bad
-        from sharegpu.annotations import decode
+        from sharegpu.core.annotations import decode
 
         alloc = decode(pod["metadata"]["annotations"])
         async with sem:

@@ -62,7 +62,6 @@ from agent_kubelet import TestKubelet  # noqa: E402
 from dra_kubelet import TestDraKubelet, cdi_registry, container_view  # noqa: E402
 
 from isolation_gpu import mps_daemon, nvml_process_mib, torch_checks, torch_run  # noqa: E402
-from sharegpu import dra, names  # noqa: E402
 from sharegpu.agent.builder import build_agent  # noqa: E402
 from sharegpu.agent.config import AgentConfig  # noqa: E402
 from sharegpu.agent.draplugin import DraConfig, DraPlugin  # noqa: E402
@@ -75,6 +74,8 @@ from sharegpu.agent.isolation import (  # noqa: E402
 from sharegpu.agent.kube import MemoryKube  # noqa: E402
 from sharegpu.agent.nvml import RealNvml  # noqa: E402
 from sharegpu.agent.service import Agent  # noqa: E402
+from sharegpu.core import names  # noqa: E402
+from sharegpu.dra import driver as dra  # noqa: E402
 from sharegpu.isolation_check.check import (  # noqa: E402
     Check,
     DeviceMemory,

@@ -50,10 +50,10 @@ from typing import Any
 import numpy as np
 
 import devpath  # noqa: F401  (testing/ on sys.path)
-from sharegpu import names
-from sharegpu.annotations import Allocation, encode
-from sharegpu.modes import Mode
-from sharegpu.placement.base import available, resolve
+from sharegpu.core import names
+from sharegpu.core.annotations import Allocation, encode
+from sharegpu.core.modes import Mode
+from sharegpu.core.placement.base import available, resolve
 from sharegpu_testing import kobjects
 
 MODES = [(Mode.CGPU, 0.45), (Mode.CORE_MEM, 0.2), (Mode.SHARE, 0.05), (Mode.MPS, 0.05),
@@ -160,7 +160,7 @@ def play_kubelet(api: Any, view: Any, delay: float) -> None:
     after each binding the node's kubelet admits the pod and its agent marks it assigned, and
     the extender's watch shows it (the starting-pods rule waits for that,
     docs/architecture.md "Starting pods")."""
-    from sharegpu.annotations import assigned_patch
+    from sharegpu.core.annotations import assigned_patch
 
     real = api.bind
     loop = asyncio.get_running_loop()
@@ -183,7 +183,7 @@ def play_kubelet(api: Any, view: Any, delay: float) -> None:
 
 def web_policy() -> dict[str, Any]:
     """A ResourcePolicy selecting the pods labelled app=web in namespace default."""
-    from sharegpu.resourcepolicy import API_VERSION
+    from sharegpu.core.resourcepolicy import API_VERSION
 
     return {"apiVersion": API_VERSION, "kind": "ResourcePolicy",
             "metadata": {"name": "web", "namespace": "default",
@@ -425,7 +425,7 @@ def direct(n_nodes: int, work: list[tuple[str, dict[str, Any]]], warmup: int,
            others: int = 0, label: str = "", placement: str = "default") -> dict[str, Any]:
     """The same pods through the view and the binder in one process, no HTTP: what the
     extender's own logic costs (the candidate lists of the ``scheduler`` scenario)."""
-    from sharegpu.annotations import assigned_patch
+    from sharegpu.core.annotations import assigned_patch
     from sharegpu.extender.bind import Binder
     from sharegpu.extender.view import ClusterView
     from sharegpu.extender.wire import BindingArgs

@@ -19,14 +19,14 @@ from pathlib import Path
 
 import numpy as np
 
-from sharegpu.modes import Mode
-from sharegpu.placement import get_policy
-from sharegpu.scheduler import Scheduler
+from sharegpu.core.modes import Mode
+from sharegpu.core.placement import get_policy
+from sharegpu.core.scheduler import Scheduler
+from sharegpu.core.state import ClusterState, NodeSpec
 from sharegpu.sim import generate
 from sharegpu.sim.engine import run_one
 from sharegpu.sim.trace import GPU_UNITS, read_nodes, read_pods, workload_path
 from sharegpu.sim.workload import stream, target_workload
-from sharegpu.state import ClusterState, NodeSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "openb"

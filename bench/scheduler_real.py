@@ -112,7 +112,7 @@ from e2e.realcluster import (  # noqa: E402
     start_extender,
     wait_allowed,
 )
-from sharegpu import names  # noqa: E402
+from sharegpu.core import names  # noqa: E402
 
 RELEASE = "sharegpu"
 RUN = "bench"  # the nodes' and pods' RUN_LABEL value
@@ -282,7 +282,7 @@ class Bench:
         # the pods bound, from a watch: the bench ends on them, not on kube-scheduler's counter;
         # with the extender, it also plays each node's kubelet and agent, marking bound pods
         # assigned, as in a cluster (the extender waits for that before binding a look-alike:
-        # sharegpu.startingpods)
+        # sharegpu.core.startingpods)
         watch: PodWatch = (StandInKubelets if arm != "without" else PodWatch)(
             cp.admin_kubeconfig, ns)
         try:

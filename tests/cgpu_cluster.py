@@ -14,14 +14,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent / "src"))
 
-from sharegpu import names  # noqa: E402
-from sharegpu.annotations import encode  # noqa: E402
-from sharegpu.modes import advertised_resources, card_model_labels, parse_mode  # noqa: E402
-from sharegpu.nodes import spec_from_node  # noqa: E402
-from sharegpu.placement import get_policy  # noqa: E402
-from sharegpu.request import parse_pod  # noqa: E402
-from sharegpu.scheduler import Scheduler  # noqa: E402
-from sharegpu.state import ClusterState  # noqa: E402
+from sharegpu.core import names  # noqa: E402
+from sharegpu.core.annotations import encode  # noqa: E402
+from sharegpu.core.modes import advertised_resources, card_model_labels, parse_mode  # noqa: E402
+from sharegpu.core.nodes import spec_from_node  # noqa: E402
+from sharegpu.core.placement import get_policy  # noqa: E402
+from sharegpu.core.request import parse_pod  # noqa: E402
+from sharegpu.core.scheduler import Scheduler  # noqa: E402
+from sharegpu.core.state import ClusterState  # noqa: E402
 
 DATA = ROOT / "data"
 ASSUME_NS = 1_700_000_000_000_000_000

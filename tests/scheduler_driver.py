@@ -12,11 +12,11 @@ from typing import Any
 
 import aiohttp
 
-from sharegpu.annotations import decode
+from sharegpu.core.annotations import decode
+from sharegpu.core.names import CORE_PER_GPU, MAX_PODS_PER_GPU
+from sharegpu.core.nodes import spec_from_node
+from sharegpu.core.request import Kind, parse_pod
 from sharegpu.extender.events import REASON_BIND_FAILED, REASON_INVALID, REASON_UNSCHEDULABLE
-from sharegpu.names import CORE_PER_GPU, MAX_PODS_PER_GPU
-from sharegpu.nodes import spec_from_node
-from sharegpu.request import Kind, parse_pod
 from sharegpu_testing import kobjects
 
 REASONS = {REASON_UNSCHEDULABLE, REASON_BIND_FAILED, REASON_INVALID}

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sharegpu import names
-from sharegpu.annotations import Allocation, assigned_patch, decode, encode, is_assigned
-from sharegpu.errors import ValidationError
+from sharegpu.core import names
+from sharegpu.core.annotations import Allocation, assigned_patch, decode, encode, is_assigned
+from sharegpu.core.errors import ValidationError
 
 
 def test_encode_writes_both_generations():

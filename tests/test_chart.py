@@ -163,7 +163,7 @@ def test_bad_values_are_refused_naming_the_field():
 
 
 def test_policy_enum_is_every_policy():
-    from sharegpu.placement.base import ALIASES, available
+    from sharegpu.core.placement.base import ALIASES, available
 
     schema = json.loads((CHART / "values.schema.json").read_text())
     assert schema["properties"]["placement"]["properties"]["policy"]["enum"] == [
@@ -458,7 +458,7 @@ def test_dra_mutating_webhook_only_for_the_pool_and_fails_closed():
     assert dep["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
     assert permissions(docs)["sharegpu-webhook"][0] == ALLOWED_DRA_WEBHOOK
     # the webhook's own parser takes the flags
-    from sharegpu.draclaims import Pool
+    from sharegpu.dra.draclaims import Pool
 
     assert Pool.parse("sharegpu.io/dra=true", "gpu.sharegpu.io") == Pool()
 
@@ -1224,7 +1224,7 @@ def test_resourcepolicy_crd_schema_and_printer_columns():
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(del_units, schema)
     # the extender's own validation accepts what the schema accepts here
-    from sharegpu.resourcepolicy import parse_policy
+    from sharegpu.core.resourcepolicy import parse_policy
 
     assert parse_policy(_policy()).timeout_s == 5400
     # installCRD=false leaves it out (a cluster that has it already)
@@ -1245,8 +1245,8 @@ def test_webhook_validates_resourcepolicies_and_fails_closed():
 def test_podgroup_crd_and_the_extenders_right_to_read_it():
     """The gang PodGroup CRD (ACK's scheduling.sigs.k8s.io/v1alpha1) renders by default, the
     extender may read PodGroups, and the CRD can be left out where it is installed already."""
+    from sharegpu.core.gang import PODGROUP_GROUP, PODGROUP_VERSION
     from sharegpu.extender.podgroups import PODGROUPS
-    from sharegpu.gang import PODGROUP_GROUP, PODGROUP_VERSION
 
     docs = render(None)
     crd = one(docs, "CustomResourceDefinition", "podgroups")

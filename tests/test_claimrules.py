@@ -1,5 +1,5 @@
 """Users' own ResourceClaims and ResourceClaimTemplates of sharegpu's DeviceClass (issue 21, bad
-input "a size off the step"): sharegpu.claimrules (pure) and the validating webhook's
+input "a size off the step"): sharegpu.dra.claimrules (pure) and the validating webhook's
 ``/validate`` over HTTP, as kube-apiserver calls it."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import kubernetes_validate
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from sharegpu import claimrules
-from sharegpu.claimrules import check_claim, check_template
-from sharegpu.draclaims import Pool, Shape, claim_template
+from sharegpu.dra import claimrules
+from sharegpu.dra.claimrules import check_claim, check_template
+from sharegpu.dra.draclaims import Pool, Shape, claim_template
 from sharegpu.webhook import app, review
 
 CLS = "gpu.sharegpu.io"

@@ -10,9 +10,9 @@ import kubernetes_validate
 import yaml
 
 import cgpu_cluster as cc
+from sharegpu.core.request import Kind, parse_pod
 from sharegpu.inspect_cgpu import render
 from sharegpu.inspect_cgpu.model import build
-from sharegpu.request import Kind, parse_pod
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = (ROOT / "docs" / "quickstart.md").read_text()
@@ -55,7 +55,7 @@ def test_sample_job_is_valid_and_asks_for_2_gib_and_30_percent():
 
 
 def test_gang_job_is_valid_and_one_group_of_four():
-    from sharegpu.gang import gang_labels
+    from sharegpu.core.gang import gang_labels
 
     job = jobs()["gang-train"]
     kubernetes_validate.validate(job, "1.30.0", strict=True)
@@ -103,7 +103,7 @@ def test_readme_points_to_the_quickstart():
 def test_resourcepolicy_example_is_accepted_by_the_crd_and_the_extender():
     import jsonschema
 
-    from sharegpu.resourcepolicy import TIMEOUT_OR_MAX, parse_policy
+    from sharegpu.core.resourcepolicy import TIMEOUT_OR_MAX, parse_policy
     from test_chart import _policy_schema, render
 
     (rp,) = [d for d in map(yaml.safe_load, blocks("yaml")) if d["kind"] == "ResourcePolicy"]

@@ -9,19 +9,19 @@ import numpy as np
 import pytest
 
 from conftest import limits, pod
-from sharegpu.annotations import Allocation
 from sharegpu.cli import main
-from sharegpu.gpuchoice import FIRSTFIT, assign
-from sharegpu.modes import Mode
-from sharegpu.placement import get_policy
-from sharegpu.placement.fragmentation import TargetWorkload
-from sharegpu.request import ContainerRequest, Kind, PodRequest, parse_pod
-from sharegpu.scheduler import Scheduler
+from sharegpu.core.annotations import Allocation
+from sharegpu.core.gpuchoice import FIRSTFIT, assign
+from sharegpu.core.modes import Mode
+from sharegpu.core.placement import get_policy
+from sharegpu.core.placement.fragmentation import TargetWorkload
+from sharegpu.core.request import ContainerRequest, Kind, PodRequest, parse_pod
+from sharegpu.core.scheduler import Scheduler
+from sharegpu.core.state import ClusterState, NodeSpec
+from sharegpu.core.topology import matrix_from_kinds
 from sharegpu.sim import generate
 from sharegpu.sim.engine import run_one
 from sharegpu.sim.workload import target_workload
-from sharegpu.state import ClusterState, NodeSpec
-from sharegpu.topology import matrix_from_kinds
 
 
 def req(name="p", containers=None, **res):

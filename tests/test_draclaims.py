@@ -1,6 +1,6 @@
 """DRA item 3: ACK's pod spec turned into ResourceClaims by the mutating webhook.
 
-The translation (sharegpu.draclaims, pure), its JSON patch applied to the pod, the templates
+The translation (sharegpu.dra.draclaims, pure), its JSON patch applied to the pod, the templates
 checked against the 1.37 schema, and the webhook over HTTPS as kube-apiserver calls it
 (AdmissionReview in, base64 JSONPatch out), with an in-memory template store.
 """
@@ -20,9 +20,9 @@ import kubernetes_validate
 import pytest
 from aiohttp import web
 
-from sharegpu import draclaims
-from sharegpu.draclaims import Pool, Shape, apply_patch, translate
-from sharegpu.errors import ValidationError
+from sharegpu.core.errors import ValidationError
+from sharegpu.dra import draclaims
+from sharegpu.dra.draclaims import Pool, Shape, apply_patch, translate
 from sharegpu.webhook import TemplateApiError, app, mutate, review
 from sharegpu_testing import kobjects
 from sharegpu_testing.tls import make_certificates
@@ -117,7 +117,7 @@ def test_another_driver_name_keeps_its_own_attribute_distinct() -> None:
     """With ``agent.dra.driver`` renamed, the slices' attributes are qualified by that name:
     the template's constraint must name it (a constraint on an attribute no device has keeps
     the claim from ever being allocated), and the claim rules accept it."""
-    from sharegpu import claimrules
+    from sharegpu.dra import claimrules
 
     pool = Pool(POOL.key, POOL.value, "gpu.example.com")
     tr = translate(dra_pod(mem=8, gpu_count=2), pool)
@@ -333,8 +333,8 @@ def test_a_translated_gpu_count_pod_is_read_as_a_claim_pod_everywhere() -> None:
     (the extender's filter, inspect) refused it for that label
     ("needs a container that asks for aliyun.com/gpu-mem"), so the extender filtered every
     gpu-count 2 DRA pod out of every node. The webhook's annotation makes the label a note."""
+    from sharegpu.core.request import RULE_COUNT_NEEDS_MEM, Kind, parse_pod
     from sharegpu.extender.reader import PlacementReader
-    from sharegpu.request import RULE_COUNT_NEEDS_MEM, Kind, parse_pod
 
     pod = dra_pod(mem=8, gpu_count=2)
     tr = translate(pod, POOL)

@@ -1,4 +1,4 @@
-"""Why no node of the DRA pool can take a pod (sharegpu.dradiagnosis, issue 21 bad input): each
+"""Why no node of the DRA pool can take a pod (sharegpu.dra.dradiagnosis, issue 21 bad input): each
 reason names the field and the rule; a pod that would fit an empty pool gets none."""
 
 from __future__ import annotations
@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 
-from sharegpu import dra, names
-from sharegpu.draclaims import Pool, Shape, apply_patch, claim_template, translate
-from sharegpu.dradiagnosis import (
+from sharegpu.core import names
+from sharegpu.core.modes import Mode
+from sharegpu.dra import driver as dra
+from sharegpu.dra.draclaims import Pool, Shape, apply_patch, claim_template, translate
+from sharegpu.dra.dradiagnosis import (
     ISOLATION_FIX,
     OtherNode,
     diagnose,
@@ -20,9 +22,8 @@ from sharegpu.dradiagnosis import (
     pool_node,
     selects,
 )
-from sharegpu.drashares import DraRequest, claim_requests, slice_gpus
-from sharegpu.modes import Mode
-from sharegpu.resourceslices import SliceGpu, build_slice
+from sharegpu.dra.drashares import DraRequest, claim_requests, slice_gpus
+from sharegpu.dra.resourceslices import SliceGpu, build_slice
 
 POOL = {"sharegpu.io/dra": "true"}
 SIZES = {"n1": (15, 15), "n2": (16, 16), "n3": (24,), "n4": (40, 40)}

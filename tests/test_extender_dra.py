@@ -11,15 +11,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sharegpu import dra
-from sharegpu.annotations import Allocation, encode
-from sharegpu.errors import ValidationError
+from sharegpu.core.annotations import Allocation, encode
+from sharegpu.core.errors import ValidationError
+from sharegpu.core.placement.base import get_policy
+from sharegpu.core.request import ContainerRequest, Kind, PodRequest
+from sharegpu.core.scheduler import Scheduler
+from sharegpu.core.state import ClusterState, NodeSpec
+from sharegpu.dra import driver as dra
 from sharegpu.extender.drastate import NOT_IN_POOL, DraPodRequest
 from sharegpu.extender.view import ClusterView
-from sharegpu.placement.base import get_policy
-from sharegpu.request import ContainerRequest, Kind, PodRequest
-from sharegpu.scheduler import Scheduler
-from sharegpu.state import ClusterState, NodeSpec
 from sharegpu_testing import kobjects
 from test_inspect_dra import dra_node, dra_slice, result
 

@@ -8,11 +8,11 @@ import asyncio
 import copy
 from typing import Any
 
-from sharegpu import dra
+from sharegpu.core.modes import Mode
+from sharegpu.dra import driver as dra
+from sharegpu.dra.resourceslices import SliceGpu, build_slice
 from sharegpu.extender.events import REASON_DRA_UNSCHEDULABLE
 from sharegpu.extender.view import ClusterView
-from sharegpu.modes import Mode
-from sharegpu.resourceslices import SliceGpu, build_slice
 from sharegpu_testing import kobjects
 from test_extender_dra import NODES, claim, cluster, pod
 from test_inspect_dra import dra_node, dra_slice

@@ -12,15 +12,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sharegpu.annotations import Allocation, encode
+from sharegpu.core.annotations import Allocation, encode
+from sharegpu.core.nodes import spec_from_node
+from sharegpu.core.placement.base import get_policy
+from sharegpu.core.scheduler import Scheduler
+from sharegpu.core.state import ClusterState
 from sharegpu.extender.informer import Informer
 from sharegpu.extender.kube import KubeApi
 from sharegpu.extender.metrics import Metrics
 from sharegpu.extender.view import ClusterView
-from sharegpu.nodes import spec_from_node
-from sharegpu.placement.base import get_policy
-from sharegpu.scheduler import Scheduler
-from sharegpu.state import ClusterState
 from sharegpu_testing import kobjects
 
 

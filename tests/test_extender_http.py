@@ -10,7 +10,7 @@ from typing import Any
 
 import aiohttp
 
-from sharegpu.annotations import decode
+from sharegpu.core.annotations import decode
 from sharegpu.extender.bind import Binder
 from sharegpu.extender.events import EventRecorder
 from sharegpu.extender.metrics import Metrics

@@ -7,7 +7,7 @@ import asyncio
 import time
 from typing import Any
 
-from sharegpu.annotations import Allocation, encode
+from sharegpu.core.annotations import Allocation, encode
 from sharegpu.extender.informer import Informer
 from sharegpu.extender.kube import KubeApi
 from sharegpu.extender.metrics import Metrics

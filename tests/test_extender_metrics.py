@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from sharegpu.core.request import parse_pod
 from sharegpu.extender.metrics import Metrics
 from sharegpu.extender.view import ClusterView
-from sharegpu.request import parse_pod
 from sharegpu_testing import kobjects
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from sharegpu import names
-from sharegpu.annotations import decode
+from sharegpu.core import names
+from sharegpu.core.annotations import decode
 from sharegpu.extender.bind import Binder
 from sharegpu.extender.metrics import Metrics
 from sharegpu.extender.picks import HeldPicks
@@ -275,7 +275,7 @@ def test_a_bind_waiting_for_the_kubelet_holds_up_no_other_bind_to_its_node() -> 
             assert await env.bind(a, "n0") == ""
             r = env.view.state.pods["default/a"]
             env.view.state.release("default/a")  # b is made to go to the other GPU
-            from sharegpu.annotations import Allocation
+            from sharegpu.core.annotations import Allocation
 
             other = 1 - r.alloc.gpus[0]
             env.view.state.reserve(r.request, "n0", Allocation(mem={0: {r.alloc.gpus[0]: 4}}),
@@ -394,7 +394,7 @@ def test_a_pod_without_gpus_is_answered_with_the_names_as_sent() -> None:
 
 
 def test_pods_a_resource_policy_selects_still_get_their_unit() -> None:
-    from sharegpu import resourcepolicy as rp
+    from sharegpu.core import resourcepolicy as rp
     from sharegpu.extender.resourcepolicies import ResourcePolicies
 
     web = kobjects.pod("web", containers=[{}], cpu="1", memory="1Gi")
@@ -462,7 +462,7 @@ def test_a_replica_that_may_not_bind_answers_the_pick_without_holding() -> None:
 
 
 def test_a_bound_pod_comes_before_a_pick_held_on_its_gpus() -> None:
-    from sharegpu.annotations import encode
+    from sharegpu.core.annotations import encode
 
     mine, other = kobjects.pod("mine", mem=16), kobjects.pod("other", mem=16)
 
@@ -470,7 +470,7 @@ def test_a_bound_pod_comes_before_a_pick_held_on_its_gpus() -> None:
         async with Picks([mine, other]) as env:
             (node,) = (await env.filter(mine))["NodeNames"]
             # another replica (a leader before this one) bound a pod on the same GPU
-            from sharegpu.annotations import Allocation
+            from sharegpu.core.annotations import Allocation
 
             bound = {**other, "spec": {**other["spec"], "nodeName": node}}
             bound["metadata"] = {**other["metadata"], "annotations": encode(

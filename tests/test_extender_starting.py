@@ -1,4 +1,5 @@
-"""The binder and starting pods (sharegpu.startingpods): a pod that the kubelet could mistake for
+"""The binder and starting pods (sharegpu.core.startingpods): a pod that the kubelet could mistake
+for
 one starting on its node is bound only once that one has started (the agent marked it
 assigned), or refused with the reason after ``start_wait``; a twin binds at once."""
 
@@ -10,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from sharegpu.annotations import assigned_patch, decode
+from sharegpu.core.annotations import assigned_patch, decode
 from sharegpu.extender.bind import Binder, BindError
 from sharegpu.extender.view import ClusterView
 from sharegpu.extender.wire import BindingArgs

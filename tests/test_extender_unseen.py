@@ -8,11 +8,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from sharegpu.annotations import Allocation, encode
+from sharegpu.core.annotations import Allocation, encode
+from sharegpu.core.request import parse_pod
 from sharegpu.extender.informer import Informer
 from sharegpu.extender.metrics import Metrics
 from sharegpu.extender.view import ClusterView
-from sharegpu.request import parse_pod
 from sharegpu_testing import kobjects
 from sharegpu_testing.memapi import MemoryApi
 

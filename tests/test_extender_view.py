@@ -8,13 +8,13 @@ import random
 import numpy as np
 import pytest
 
-from sharegpu.annotations import encode
+from sharegpu.core.annotations import encode
+from sharegpu.core.nodes import spec_from_node
+from sharegpu.core.placement.base import get_policy
+from sharegpu.core.request import parse_pod
+from sharegpu.core.scheduler import Scheduler
+from sharegpu.core.state import ClusterState
 from sharegpu.extender.view import UNKNOWN_NODE, ClusterView, default_workload
-from sharegpu.nodes import spec_from_node
-from sharegpu.placement.base import get_policy
-from sharegpu.request import parse_pod
-from sharegpu.scheduler import Scheduler
-from sharegpu.state import ClusterState
 from sharegpu_testing import kobjects
 
 
@@ -173,7 +173,7 @@ def test_reserve_explains_and_release_restores() -> None:
 
 
 def test_watch_events_apply_incrementally_and_stale_ones_are_ignored() -> None:
-    from sharegpu.annotations import Allocation
+    from sharegpu.core.annotations import Allocation
 
     v = view()
     alloc = Allocation(mem={0: {1: 6}})
@@ -209,7 +209,7 @@ def test_events_for_a_pod_in_flight_do_not_touch_its_reservation() -> None:
 
 
 def test_reset_rebuilds_from_annotations_and_reports_over_commits() -> None:
-    from sharegpu.annotations import Allocation
+    from sharegpu.core.annotations import Allocation
 
     v = ClusterView()
     pods = [bound_pod("a", "shared-a", Allocation(mem={0: {0: 10}}), mem=10),
@@ -229,7 +229,7 @@ def test_reset_rebuilds_from_annotations_and_reports_over_commits() -> None:
 
 
 def test_node_update_and_bad_node_keep_pods() -> None:
-    from sharegpu.annotations import Allocation
+    from sharegpu.core.annotations import Allocation
 
     v = view()
     v.upsert_pod(bound_pod("a", "shared-a", Allocation(mem={0: {0: 10}}), mem=10))
@@ -286,7 +286,7 @@ def test_workload_is_handed_over_again_only_when_it_moved() -> None:
 def test_topology_pods_get_the_best_connected_gpus() -> None:
     import json
 
-    from sharegpu import names
+    from sharegpu.core import names
 
     links = [["X", "SYS", "SYS", "SYS"], ["SYS", "X", "NV2", "SYS"],
              ["SYS", "NV2", "X", "SYS"], ["SYS", "SYS", "SYS", "X"]]

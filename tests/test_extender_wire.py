@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from sharegpu.errors import ValidationError
+from sharegpu.core.errors import ValidationError
 from sharegpu.extender import wire
 from sharegpu_testing import kobjects
 

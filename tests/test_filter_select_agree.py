@@ -12,14 +12,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import limits, pod
-from sharegpu import names
-from sharegpu.annotations import Allocation
+from sharegpu.core import names
+from sharegpu.core.annotations import Allocation
+from sharegpu.core.modes import Mode, Placement
+from sharegpu.core.placement import available, get_policy
+from sharegpu.core.placement.gpus import assign
+from sharegpu.core.request import ContainerRequest, Kind, PodRequest, parse_pod
+from sharegpu.core.state import ClusterState, NodeSpec
 from sharegpu.extender.view import default_workload
-from sharegpu.modes import Mode, Placement
-from sharegpu.placement import available, get_policy
-from sharegpu.placement.gpus import assign
-from sharegpu.request import ContainerRequest, Kind, PodRequest, parse_pod
-from sharegpu.state import ClusterState, NodeSpec
 
 POLICIES = available()
 

@@ -9,8 +9,8 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sharegpu.errors import ValidationError
-from sharegpu.request import parse_pod
+from sharegpu.core.errors import ValidationError
+from sharegpu.core.request import parse_pod
 from sharegpu.webhook import review
 from sharegpu_testing import kobjects
 

@@ -1,4 +1,4 @@
-"""Gang scheduling: the pure planner (sharegpu.gang) and the extender view's groups, holds and
+"""Gang scheduling: the pure planner (sharegpu.core.gang) and the extender view's groups, holds and
 timeouts (sharegpu.extender.gangs), driven directly with an injected clock."""
 
 from __future__ import annotations
@@ -7,13 +7,19 @@ from typing import Any
 
 import pytest
 
-from sharegpu.errors import PlacementError, ValidationError
+from sharegpu.core.errors import PlacementError, ValidationError
+from sharegpu.core.gang import (
+    LABEL_GROUP,
+    LABEL_GROUP_SHORT,
+    LABEL_MIN_AVAILABLE,
+    gang_labels,
+    plan,
+)
+from sharegpu.core.placement.base import get_policy
+from sharegpu.core.request import parse_pod
+from sharegpu.core.scheduler import Scheduler
+from sharegpu.core.state import ClusterState, NodeSpec
 from sharegpu.extender.view import ClusterView
-from sharegpu.gang import LABEL_GROUP, LABEL_GROUP_SHORT, LABEL_MIN_AVAILABLE, gang_labels, plan
-from sharegpu.placement.base import get_policy
-from sharegpu.request import parse_pod
-from sharegpu.scheduler import Scheduler
-from sharegpu.state import ClusterState, NodeSpec
 from sharegpu_testing import kobjects
 
 NODES = [kobjects.node(f"gpu-{i}", [16] * 4, "cgpu") for i in range(2)]  # 8 GPUs of 16 GiB

@@ -16,10 +16,10 @@ from typing import Any
 import aiohttp
 
 from scheduler_driver import over_commits
+from sharegpu.core.gang import LABEL_GROUP, LABEL_MIN_AVAILABLE
 from sharegpu.extender.kube import KubeApi
 from sharegpu.extender.replica import Replica
 from sharegpu.extender.view import ClusterView
-from sharegpu.gang import LABEL_GROUP, LABEL_MIN_AVAILABLE
 from sharegpu_testing import kobjects
 
 NODES = [kobjects.node(f"gpu-{i}", [16] * 4, "cgpu") for i in range(2)]  # 8 GPUs in all
@@ -180,7 +180,7 @@ def test_podgroup_object_through_the_watch(fake_api_factory: Any) -> None:
     """A PodGroup (scheduling.sigs.k8s.io/v1alpha1) created after its pods gives the group its
     minMember: before it the filter names the missing min-available, after it the group is held
     and bound."""
-    from sharegpu.gang import LABEL_GROUP_SHORT
+    from sharegpu.core.gang import LABEL_GROUP_SHORT
 
     fake = fake_api_factory()
     for n in NODES:

@@ -7,10 +7,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sharegpu import gpuchoice, names
-from sharegpu.modes import Mode
-from sharegpu.request import ContainerRequest, Kind, PodRequest
-from sharegpu.state import ClusterState, NodeSpec
+from sharegpu.core import gpuchoice, names
+from sharegpu.core.modes import Mode
+from sharegpu.core.request import ContainerRequest, Kind, PodRequest
+from sharegpu.core.state import ClusterState, NodeSpec
 
 GPU_MEM = 16
 

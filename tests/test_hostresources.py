@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from sharegpu.errors import ValidationError
-from sharegpu.hostresources import charges_node, node_allocatable, pod_request, pod_request_key
-from sharegpu.nodes import spec_from_node
+from sharegpu.core.errors import ValidationError
+from sharegpu.core.hostresources import charges_node, node_allocatable, pod_request, pod_request_key
+from sharegpu.core.nodes import spec_from_node
 from sharegpu_testing import kobjects
 
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 
 import cgpu_cluster as cc
-from sharegpu import dra
-from sharegpu.drashares import claim_shares, slice_gpus
+from sharegpu.core.modes import Mode
+from sharegpu.dra import driver as dra
+from sharegpu.dra.drashares import claim_shares, slice_gpus
+from sharegpu.dra.resourceslices import SliceGpu, build_slice
 from sharegpu.inspect_cgpu import render
 from sharegpu.inspect_cgpu.cli import main
 from sharegpu.inspect_cgpu.model import build
-from sharegpu.modes import Mode
-from sharegpu.resourceslices import SliceGpu, build_slice
 
 DRA_NODE = "gpu-dra-1"
 
@@ -227,7 +227,7 @@ def test_live_cluster_lists_slices_and_claims(fake_api, capsys, monkeypatch):
 
 
 def test_claim_requests_translate_capacity_requests():
-    from sharegpu.drashares import DraRequest, claim_requests
+    from sharegpu.dra.drashares import DraRequest, claim_requests
 
     c = {"metadata": {"name": "c", "namespace": "default"}, "spec": {"devices": {"requests": [
         {"name": "a", "exactly": {"deviceClassName": dra.DRIVER,
@@ -252,8 +252,8 @@ def test_the_extender_passes_dra_pods_everywhere_and_binds_them_plainly():
     every node 0 (kube-scheduler's own scores and the allocator decide) and binds it without
     GPU annotations -- after kube-scheduler's PreBind, where DynamicResources wrote the claim's
     allocation (schedule_one.go: RunPreBindPlugins, then extendersBinding)."""
+    from sharegpu.core.request import parse_pod
     from sharegpu.extender.view import ClusterView
-    from sharegpu.request import parse_pod
     from sharegpu_testing import kobjects
 
     v = ClusterView("default")

@@ -7,8 +7,8 @@ import json
 import pytest
 
 import cgpu_cluster as cc
-from sharegpu import names
-from sharegpu.errors import ValidationError
+from sharegpu.core import names
+from sharegpu.core.errors import ValidationError
 from sharegpu.inspect_cgpu import render
 from sharegpu.inspect_cgpu.model import build
 from sharegpu.inspect_cgpu.render import percent, tabwrite

@@ -1,5 +1,6 @@
 """One order for finding the cluster, in every component and CLI (the extender, the agent and
-``kubectl inspect cgpu`` all load through :func:`sharegpu.kubeconfig.load`): ``--kubeconfig``,
+``kubectl inspect cgpu`` all load through :func:`sharegpu.kubeio.kubeconfig.load`):
+``--kubeconfig``,
 else ``$KUBECONFIG``, else ``~/.kube/config``, else the in-cluster service account — kubectl's
 order, and the one the docs state."""
 
@@ -9,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from sharegpu import kubeconfig as kc
-from sharegpu.errors import ValidationError
+from sharegpu.core.errors import ValidationError
 from sharegpu.inspect_cgpu.source import kubeconfig_path
+from sharegpu.kubeio import kubeconfig as kc
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from sharegpu.errors import ValidationError
-from sharegpu.logs import configure
+from sharegpu.core.errors import ValidationError
+from sharegpu.kubeio.logs import configure
 
 
 def test_client_request_lines_only_at_debug():

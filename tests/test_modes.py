@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sharegpu import names
-from sharegpu.errors import ValidationError
-from sharegpu.modes import (
+from sharegpu.core import names
+from sharegpu.core.errors import ValidationError
+from sharegpu.core.modes import (
     Mode,
     Placement,
     advertised_resources,

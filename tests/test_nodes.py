@@ -7,12 +7,12 @@ import json
 import pytest
 
 from conftest import limits, pod
-from sharegpu import names
-from sharegpu.annotations import Allocation, encode
-from sharegpu.errors import ValidationError
-from sharegpu.modes import Mode, Placement
-from sharegpu.nodes import spec_from_node
-from sharegpu.pods import placement_of
+from sharegpu.core import names
+from sharegpu.core.annotations import Allocation, encode
+from sharegpu.core.errors import ValidationError
+from sharegpu.core.modes import Mode, Placement
+from sharegpu.core.nodes import spec_from_node
+from sharegpu.core.pods import placement_of
 
 
 def node(name="n1", labels=None, annotations=None, allocatable=None):

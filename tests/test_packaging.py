@@ -40,7 +40,7 @@ def test_wheel_lists_no_test_doubles(tmp_path):
     files = zipfile.ZipFile(wheel).namelist()
     tops = {f.split("/", 1)[0] for f in files}
     assert tops == {"sharegpu", next(t for t in tops if t.endswith(".dist-info"))}, tops
-    assert "sharegpu/state.py" in files and "sharegpu/extender/server.py" in files
+    assert "sharegpu/core/state.py" in files and "sharegpu/extender/server.py" in files
     assert not [f for f in files if "testing" in f], files
     modules = {Path(f).stem for f in files if f.endswith(".py")}
     assert not modules & DOUBLES, modules & DOUBLES

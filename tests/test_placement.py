@@ -6,16 +6,16 @@ import numpy as np
 import pytest
 
 from conftest import limits, pod
-from sharegpu.annotations import Allocation
-from sharegpu.errors import ValidationError
-from sharegpu.modes import Mode, Placement
-from sharegpu.placement import available, get_policy
-from sharegpu.placement.fragmentation import TargetWorkload, fragmentation
-from sharegpu.placement.gpus import assign
-from sharegpu.request import ContainerRequest, Kind, PodRequest, parse_pod
-from sharegpu.scheduler import Scheduler
-from sharegpu.state import ClusterState, NodeSpec
-from sharegpu.topology import best_set, matrix_from_kinds
+from sharegpu.core.annotations import Allocation
+from sharegpu.core.errors import ValidationError
+from sharegpu.core.modes import Mode, Placement
+from sharegpu.core.placement import available, get_policy
+from sharegpu.core.placement.fragmentation import TargetWorkload, fragmentation
+from sharegpu.core.placement.gpus import assign
+from sharegpu.core.request import ContainerRequest, Kind, PodRequest, parse_pod
+from sharegpu.core.scheduler import Scheduler
+from sharegpu.core.state import ClusterState, NodeSpec
+from sharegpu.core.topology import best_set, matrix_from_kinds
 
 
 def req(name="p", labels=None, containers=None, **res):

@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sharegpu.annotations import Allocation
-from sharegpu.placement import get_policy
-from sharegpu.placement.base import resolve
-from sharegpu.placement.fragmentation import TargetWorkload
-from sharegpu.placement.stranding import StrandingModel
-from sharegpu.scheduler import Scheduler
+from sharegpu.core.annotations import Allocation
+from sharegpu.core.placement import get_policy
+from sharegpu.core.placement.base import resolve
+from sharegpu.core.placement.fragmentation import TargetWorkload
+from sharegpu.core.placement.stranding import StrandingModel
+from sharegpu.core.scheduler import Scheduler
+from sharegpu.core.state import ClusterState, NodeSpec
 from sharegpu.sim.trace import TracePod
-from sharegpu.state import ClusterState, NodeSpec
 
 G = 1000  # one GPU in the simulator's units
 
@@ -191,7 +191,7 @@ def test_registered_and_needs_a_workload() -> None:
 
 
 def test_multi_container_pod_is_placed_through_the_slow_path() -> None:
-    from sharegpu.request import ContainerRequest, Kind, PodRequest
+    from sharegpu.core.request import ContainerRequest, Kind, PodRequest
 
     nodes = [node("a", 2), node("b", 2)]
     s = scheduler("strand", nodes, [WHOLE] * 10, order=[0, 1])
@@ -208,12 +208,12 @@ def test_multi_container_pod_is_placed_through_the_slow_path() -> None:
 def test_strand_in_gib_units_stays_decisive():
     # a cluster's state counts GiB, not milli-GPU: scores are scaled by one GPU, so the
     # hole-filling choice FGD makes in the simulator's units is made in GiB too
-    from sharegpu.annotations import Allocation
-    from sharegpu.placement import get_policy
-    from sharegpu.placement.fragmentation import TargetWorkload
-    from sharegpu.request import ContainerRequest, Kind, PodRequest
-    from sharegpu.scheduler import Scheduler
-    from sharegpu.state import ClusterState, NodeSpec
+    from sharegpu.core.annotations import Allocation
+    from sharegpu.core.placement import get_policy
+    from sharegpu.core.placement.fragmentation import TargetWorkload
+    from sharegpu.core.request import ContainerRequest, Kind, PodRequest
+    from sharegpu.core.scheduler import Scheduler
+    from sharegpu.core.state import ClusterState, NodeSpec
 
     def pod(name, gib):
         return PodRequest("default", name, Kind.SHARED, (ContainerRequest(0, "m", gpu_mem=gib),))

@@ -6,14 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sharegpu.placement import get_policy
-from sharegpu.placement.base import resolve
-from sharegpu.placement.fragmentation import TargetWorkload
-from sharegpu.placement.policies.strandfill import StrandFill
-from sharegpu.placement.rowmemo import row_keys
-from sharegpu.scheduler import Scheduler
+from sharegpu.core.placement import get_policy
+from sharegpu.core.placement.base import resolve
+from sharegpu.core.placement.fragmentation import TargetWorkload
+from sharegpu.core.placement.policies.strandfill import StrandFill
+from sharegpu.core.placement.rowmemo import row_keys
+from sharegpu.core.scheduler import Scheduler
+from sharegpu.core.state import ClusterState, NodeSpec
 from sharegpu.sim.trace import TracePod
-from sharegpu.state import ClusterState, NodeSpec
 
 G = 1000
 

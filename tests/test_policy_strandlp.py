@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sharegpu.annotations import Allocation
-from sharegpu.placement import get_policy
-from sharegpu.placement.fragmentation import TargetWorkload
-from sharegpu.placement.policies.strandlp import prior_prices
-from sharegpu.placement.shareprices import SharePrices, knapsack, simplex_max
-from sharegpu.scheduler import Scheduler
+from sharegpu.core.annotations import Allocation
+from sharegpu.core.placement import get_policy
+from sharegpu.core.placement.fragmentation import TargetWorkload
+from sharegpu.core.placement.policies.strandlp import prior_prices
+from sharegpu.core.placement.shareprices import SharePrices, knapsack, simplex_max
+from sharegpu.core.scheduler import Scheduler
+from sharegpu.core.state import ClusterState, NodeSpec
 from sharegpu.sim.trace import TracePod
-from sharegpu.state import ClusterState, NodeSpec
 
 G = 1000
 

@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import limits, pod
-from sharegpu import quantity
-from sharegpu.errors import ValidationError
-from sharegpu.request import parse_pod
+from sharegpu.core import quantity
+from sharegpu.core.errors import ValidationError
+from sharegpu.core.request import parse_pod
 
 
 @pytest.mark.parametrize(("text", "value"), [

@@ -24,14 +24,14 @@ import pytest
 import yaml
 
 import cgpu_cluster as cc
-from sharegpu import names
 from sharegpu.cli import build_parser
 from sharegpu.cli import main as sharegpu
+from sharegpu.core import names
+from sharegpu.core.modes import parse_mode
+from sharegpu.core.request import Kind, parse_pod
 from sharegpu.inspect_cgpu import render
 from sharegpu.inspect_cgpu.cli import main as inspect_cgpu
 from sharegpu.inspect_cgpu.model import build
-from sharegpu.modes import parse_mode
-from sharegpu.request import Kind, parse_pod
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from conftest import limits, pod
-from sharegpu.errors import ValidationError
-from sharegpu.request import Kind, parse_pod
+from sharegpu.core.errors import ValidationError
+from sharegpu.core.request import Kind, parse_pod
 
 MEM = 'spec.containers[0].resources.limits["aliyun.com/gpu-mem"]'
 CORE = 'spec.containers[0].resources.limits["aliyun.com/gpu-core.percentage"]'

@@ -1,4 +1,5 @@
-"""ResourcePolicy: the core's model, validation and decisions (sharegpu.resourcepolicy), and the
+"""ResourcePolicy: the core's model, validation and decisions (sharegpu.core.resourcepolicy), and
+the
 extender's counts per unit fed by pod events (sharegpu.extender.resourcepolicies)."""
 
 from __future__ import annotations
@@ -8,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from sharegpu import resourcepolicy as rp
-from sharegpu.errors import ValidationError
+from sharegpu.core import resourcepolicy as rp
+from sharegpu.core.errors import ValidationError
 from sharegpu.extender.kube import NODES, PODS
 from sharegpu.extender.resourcepolicies import ResourcePolicies
 

@@ -23,9 +23,9 @@ from typing import Any
 import aiohttp
 
 from scheduler_driver import Driver, over_commits
+from sharegpu.core.resourcepolicy import ANN_DELETION_COST, ANN_UNIT, API_VERSION
 from sharegpu.extender.kube import KubeApi
 from sharegpu.extender.replica import Replica
-from sharegpu.resourcepolicy import ANN_DELETION_COST, ANN_UNIT, API_VERSION
 from sharegpu_testing import kobjects
 from test_extender_ha import schedule_once, stored, wait
 

@@ -1,4 +1,4 @@
-"""What a node's ResourceSlice says (sharegpu.resourceslices): devices, attributes, capacities
+"""What a node's ResourceSlice says (sharegpu.dra.resourceslices): devices, attributes, capacities
 with their request policies per mode, taints, and the API server's rules checked before anything
 is published (bad GPU data is refused naming the field and the rule)."""
 
@@ -10,9 +10,9 @@ from dataclasses import replace
 import kubernetes_validate
 import pytest
 
-from sharegpu.errors import ValidationError
-from sharegpu.modes import Mode
-from sharegpu.resourceslices import (
+from sharegpu.core.errors import ValidationError
+from sharegpu.core.modes import Mode
+from sharegpu.dra.resourceslices import (
     DRIVER,
     SliceGpu,
     build_slice,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from sharegpu.cli import main, parse_seeds
-from sharegpu.errors import ValidationError
+from sharegpu.core.errors import ValidationError
 from sharegpu.sim import generate
 from sharegpu.sim.engine import curve_points, run_one
 from sharegpu.sim.trace import TracePod, read_nodes, read_pods

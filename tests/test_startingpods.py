@@ -1,4 +1,4 @@
-"""The starting-pods rule (sharegpu.startingpods) and why it is needed: the agent matches the
+"""The starting-pods rule (sharegpu.core.startingpods) and why it is needed: the agent matches the
 kubelet's device-plugin calls, which name no pod, to pending pods; pods kept apart by the rule
 get their own pod's GPUs and limits in ANY admission order, pods that break it do not.
 
@@ -16,14 +16,14 @@ from typing import Any
 
 import pytest
 
-from sharegpu import names
 from sharegpu.agent.allocate import Allocator, pending_candidates
 from sharegpu.agent.devices import DeviceMap, device_ids
 from sharegpu.agent.isolation import Backend
 from sharegpu.agent.nvml import FakeNvml
-from sharegpu.annotations import Allocation, decode
-from sharegpu.request import parse_pod
-from sharegpu.startingpods import StartingPods, kubelet_requests
+from sharegpu.core import names
+from sharegpu.core.annotations import Allocation, decode
+from sharegpu.core.request import parse_pod
+from sharegpu.core.startingpods import StartingPods, kubelet_requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "agent"))
 from agent_helpers import NODE, make_pod

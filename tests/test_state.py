@@ -8,14 +8,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import limits, pod
-from sharegpu.annotations import Allocation, encode
-from sharegpu.errors import PlacementError
-from sharegpu.modes import Mode
-from sharegpu.placement import get_policy
-from sharegpu.pods import placement_of
-from sharegpu.request import parse_pod
-from sharegpu.scheduler import Scheduler
-from sharegpu.state import ClusterState, NodeSpec, rebuild
+from sharegpu.core.annotations import Allocation, encode
+from sharegpu.core.errors import PlacementError
+from sharegpu.core.modes import Mode
+from sharegpu.core.placement import get_policy
+from sharegpu.core.pods import placement_of
+from sharegpu.core.request import parse_pod
+from sharegpu.core.scheduler import Scheduler
+from sharegpu.core.state import ClusterState, NodeSpec, rebuild
 
 
 def req(name="p", labels=None, **res):

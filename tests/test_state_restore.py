@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from sharegpu.annotations import Allocation
-from sharegpu.modes import Mode
-from sharegpu.request import ContainerRequest, Kind, PodRequest
-from sharegpu.state import ClusterState, NodeSpec, rebuild
+from sharegpu.core.annotations import Allocation
+from sharegpu.core.modes import Mode
+from sharegpu.core.request import ContainerRequest, Kind, PodRequest
+from sharegpu.core.state import ClusterState, NodeSpec, rebuild
 
 
 def random_case(seed: int) -> tuple[list[NodeSpec], list[tuple[PodRequest, str, Allocation]]]:

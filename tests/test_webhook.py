@@ -288,7 +288,7 @@ def test_mutate_sets_the_scheduler_over_http_and_validation_then_admits():
 def test_a_dra_pod_gets_claims_not_a_scheduler():
     """In DRA mode a pod bound for the pool is translated (the default scheduler places DRA
     pods); the schedulerName is set only for the others."""
-    from sharegpu.draclaims import Pool
+    from sharegpu.dra.draclaims import Pool
     from sharegpu.webhook import mutate
 
     pool = Pool.parse("sharegpu.io/dra=true", "gpu.sharegpu.io")
@@ -308,7 +308,7 @@ def test_a_dra_pod_gets_claims_not_a_scheduler():
 ])
 def test_set_scheduler_name_is_checked(text, message):
     from sharegpu.commands.webhook import scheduler_name
-    from sharegpu.errors import ValidationError
+    from sharegpu.core.errors import ValidationError
 
     with pytest.raises(ValidationError, match=re.escape(message)):
         scheduler_name(text, frozenset({"ack-co-scheduler"}))
@@ -346,7 +346,7 @@ def test_chart_mutating_scheduler_hook_is_opt_in():
 def test_a_pod_of_ambiguous_pool_is_refused_with_or_without_the_scheduler_option(scheduler):
     """Node affinity terms of which one names the DRA pool and another does not: refused
     naming the rule (a review the webhook cannot answer would be a 500 at the API server)."""
-    from sharegpu.draclaims import Pool
+    from sharegpu.dra.draclaims import Pool
     from sharegpu.webhook import mutate
 
     pool = Pool.parse("sharegpu.io/dra=true", "gpu.sharegpu.io")

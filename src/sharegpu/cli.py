@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from .commands.argtypes import parse_seeds, positive_float
-from .errors import ShareGpuError
+from .core.errors import ShareGpuError
 
 __all__ = ["main", "parse_seeds", "positive_float"]
 

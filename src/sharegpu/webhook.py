@@ -1,10 +1,10 @@
 """The admission webhook. Validating: GPU requests that break a SPEC §2 rule are refused at
-submission, with the message of :func:`sharegpu.request.parse_pod` (one set of rules for the
+submission, with the message of :func:`sharegpu.core.request.parse_pod` (one set of rules for the
 webhook, the extender and the simulator); ResourcePolicies (created or updated) that break a rule
-of :func:`sharegpu.resourcepolicy.parse_policy` are refused with its message. In DRA mode,
+of :func:`sharegpu.core.resourcepolicy.parse_policy` are refused with its message. In DRA mode,
 ``resource.k8s.io/v1`` ResourceClaims and ResourceClaimTemplates (created) that ask sharegpu's
 DeviceClass for what its GPUs cannot give (a size off the step, an unknown capacity...) are
-refused with the message of :func:`sharegpu.claimrules.check`, and its warnings are answered as
+refused with the message of :func:`sharegpu.dra.claimrules.check`, and its warnings are answered as
 AdmissionReview ``warnings``.
 
 POST ``/validate`` takes an ``admission.k8s.io/v1`` AdmissionReview and answers one. It fails
@@ -12,7 +12,7 @@ closed: the sample configuration uses ``failurePolicy: Fail``, and a review this
 read gets HTTP 400, which the API server treats as a refusal.
 
 POST ``/mutate`` (DRA mode, issue 21): a pod bound for the DRA node pool that asks for
-``aliyun.com/gpu-mem`` is answered with the JSON patch of :func:`sharegpu.draclaims.translate`,
+``aliyun.com/gpu-mem`` is answered with the JSON patch of :func:`sharegpu.dra.draclaims.translate`,
 after the ResourceClaimTemplates it names exist in the pod's namespace (created here, once per
 shape; an existing one of another content is refused). With a scheduler to set (opt-in,
 docs/webhook.md): a GPU-sharing pod left to the default scheduler gets ``spec.schedulerName``
@@ -30,12 +30,13 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from . import claimrules, draclaims, names
-from .draclaims import Pool
-from .errors import ValidationError
-from .request import Kind, parse_pod
-from .resourcepolicy import KIND as POLICY_KIND
-from .resourcepolicy import parse_policy
+from .core import names
+from .core.errors import ValidationError
+from .core.request import Kind, parse_pod
+from .core.resourcepolicy import KIND as POLICY_KIND
+from .core.resourcepolicy import parse_policy
+from .dra import claimrules, draclaims
+from .dra.draclaims import Pool
 
 log = logging.getLogger(__name__)
 

@@ -41,8 +41,8 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from sharegpu import names
-from sharegpu.annotations import assigned_patch, is_assigned
+from sharegpu.core import names
+from sharegpu.core.annotations import assigned_patch, is_assigned
 
 from . import resources as res
 from . import status as st
@@ -135,7 +135,7 @@ class FakeApiServer:
         """``kubelet_start_s``: play each node's kubelet and sharegpu agent: that long after a
         pod's binding, a pod carrying a sharegpu decision is marked ``assigned``, as the agent
         marks it once the kubelet has allocated its devices. ``None``: no kubelet runs, so
-        bound pods stay starting (sharegpu.startingpods)."""
+        bound pods stay starting (sharegpu.core.startingpods)."""
         self.host = host
         self.kubelet_start_s = kubelet_start_s
         self.port = port

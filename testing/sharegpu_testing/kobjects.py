@@ -7,8 +7,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sharegpu import names
-from sharegpu.modes import Mode, advertised_resources
+from sharegpu.core import names
+from sharegpu.core.modes import Mode, advertised_resources
 
 
 def node(name: str, gpus: Sequence[int], mode: Mode | str = Mode.CGPU, *, model: str = "",

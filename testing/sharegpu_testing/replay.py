@@ -32,13 +32,13 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from sharegpu import names
+from sharegpu.core import names
+from sharegpu.core.state import NodeSpec
 from sharegpu.extender.kube import KubeApi
 from sharegpu.extender.replica import Replica
 from sharegpu.sim.engine import RunResult, node_order, run_one, unallocated
 from sharegpu.sim.trace import GPU_UNITS, TracePod
 from sharegpu.sim.workload import stream, target_workload
-from sharegpu.state import NodeSpec
 
 from . import kobjects
 from .fakeapi import FakeApiServer

@@ -13,14 +13,14 @@ from collections.abc import Mapping
 import pytest
 from agent_kubelet import TestKubelet, wait_until
 
-from sharegpu import names
 from sharegpu.agent.builder import build_agent
 from sharegpu.agent.config import AgentConfig
 from sharegpu.agent.isolation import IsolationConfig
 from sharegpu.agent.kube import MemoryKube
 from sharegpu.agent.nvml import FakeNvml
 from sharegpu.agent.service import Agent
-from sharegpu.annotations import Allocation, encode
+from sharegpu.core import names
+from sharegpu.core.annotations import Allocation, encode
 
 NODE = "gpu-node-1"
 

@@ -11,10 +11,10 @@ import pytest
 from agent_helpers import MPS_STANDIN, NODE, harness, make_pod, mps_daemon, short_dir  # noqa: F401
 from agent_kubelet import wait_until
 
-from sharegpu import names
 from sharegpu.agent.allocate import ANN_GRANT
 from sharegpu.agent.isolation import HAMI_CONTAINER_LIBRARY
-from sharegpu.annotations import is_assigned
+from sharegpu.core import names
+from sharegpu.core.annotations import is_assigned
 
 MIXED = [("Tesla-T4", 15), ("Tesla-T4", 15), ("Tesla-V100-SXM2-32GB", 32),
          ("Tesla-V100-SXM2-32GB", 32)]
@@ -40,7 +40,7 @@ def uuids(h, gpus) -> str:  # type: ignore[no-untyped-def]
 
 def expected_env(h, pod, c) -> dict[str, str]:  # type: ignore[no-untyped-def]
     """What container ``c`` must get, read from its pod's annotations alone."""
-    from sharegpu.annotations import decode
+    from sharegpu.core.annotations import decode
 
     alloc = decode(pod["metadata"]["annotations"])
     mem = alloc.mem[c]
@@ -114,7 +114,7 @@ async def test_50_pods_concurrently_zero_mismatches(harness, seed):
     granted_to: list[str] = []
 
     async def start_pod(pod):  # type: ignore[no-untyped-def]
-        from sharegpu.annotations import decode
+        from sharegpu.core.annotations import decode
 
         alloc = decode(pod["metadata"]["annotations"])
         for c in sorted(alloc.mem):  # the kubelet allocates a pod's containers in order

@@ -26,12 +26,12 @@ from agent_helpers import (  # noqa: F401
 from agent_kubelet import wait_until
 from dra_kubelet import TestDraKubelet, cdi_registry, container_view
 
-from sharegpu import dra
 from sharegpu.agent.cdi import spec_path
 from sharegpu.agent.draclaim import parse_claim
 from sharegpu.agent.draplugin import CHECKPOINT_FILE, DraConfig, DraPlugin
 from sharegpu.agent.isolation import HAMI_CONTAINER_LIBRARY, PRELOAD_LIST, IsolationConfig
-from sharegpu.errors import ValidationError
+from sharegpu.core.errors import ValidationError
+from sharegpu.dra import driver as dra
 
 GPUS = (("Tesla-T4", 15), ("Tesla-V100-SXM2-32GB", 32), ("A100-SXM4-40GB", 40),
         ("H100-80GB", 80))

@@ -11,13 +11,13 @@ from agent_helpers import short_dir  # noqa: F401
 from dra_kubelet import TestDraKubelet
 from test_agent_dra import claim, result
 
-from sharegpu import dra
 from sharegpu.agent.allocate import Allocator, Candidate, Grant, Guard, IsolationUnavailable
 from sharegpu.agent.devices import DeviceMap
 from sharegpu.agent.dracheckpoint import CHECKPOINT_FILE
 from sharegpu.agent.draplugin import DraConfig, DraNode, DraPlugin
 from sharegpu.agent.isolation import Backend
 from sharegpu.agent.nvml import FakeNvml
+from sharegpu.dra import driver as dra
 
 NODE = "gpu-node-1"
 

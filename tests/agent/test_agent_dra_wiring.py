@@ -17,11 +17,12 @@ from agent_kubelet import wait_until
 from dra_kubelet import TestDraKubelet, cdi_registry, container_view
 from test_agent_dra import claim, result
 
-from sharegpu import dra, names
 from sharegpu.agent.builder import build_agent
 from sharegpu.agent.draplugin import DraConfig
 from sharegpu.agent.slicepublisher import MemorySlices, SlicePublisher
-from sharegpu.modes import Mode, advertised_resources
+from sharegpu.core import names
+from sharegpu.core.modes import Mode, advertised_resources
+from sharegpu.dra import driver as dra
 
 NOTHING = dict.fromkeys(names.ALL_GPU_RESOURCES, 0)
 UID = "11111111-2222-4333-8444-555555555555"

@@ -9,14 +9,14 @@ import grpc
 from agent_helpers import NODE, make_pod, short_dir, standin_library  # noqa: F401
 from agent_kubelet import TestKubelet, wait_until
 
-from sharegpu import names
 from sharegpu.agent.builder import build_agent
 from sharegpu.agent.config import AgentConfig
 from sharegpu.agent.isolation import IsolationConfig
 from sharegpu.agent.lightkube_api import LightkubeApi, make_client
 from sharegpu.agent.nvml import FakeNvml
-from sharegpu.annotations import is_assigned
-from sharegpu.modes import Mode, advertised_resources
+from sharegpu.core import names
+from sharegpu.core.annotations import is_assigned
+from sharegpu.core.modes import Mode, advertised_resources
 
 
 @contextlib.asynccontextmanager

@@ -25,7 +25,6 @@ from agent_helpers import (  # noqa: F401
 from agent_kubelet import wait_until
 from test_agent_dra import DRIVER, claim, make_dra, result  # noqa: F401
 
-from sharegpu import names
 from sharegpu.agent.allocate import ANN_GRANT
 from sharegpu.agent.isolation import (
     HAMI_CONTAINER_LIBRARY,
@@ -42,8 +41,9 @@ from sharegpu.agent.isolation import (
 )
 from sharegpu.agent.mps import CURRENT_BACKEND_FILE, MpsConfig, MpsSupervisor
 from sharegpu.agent.readiness import HAMI_FIX, MPS_FIX, Readiness, check_hami_mps
-from sharegpu.errors import ValidationError
-from sharegpu.modes import Mode
+from sharegpu.core import names
+from sharegpu.core.errors import ValidationError
+from sharegpu.core.modes import Mode
 
 GPUS = (("Tesla-T4", 15), ("Tesla-V100-SXM2-32GB", 32))
 HAMI_MPS = {"core_mem_isolation": Backend.HAMI_MPS, "mps_control": (MPS_STANDIN,)}

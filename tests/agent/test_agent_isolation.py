@@ -18,7 +18,6 @@ import pytest
 from agent_helpers import NODE, harness, make_pod, short_dir  # noqa: F401
 from agent_kubelet import wait_until
 
-from sharegpu import names
 from sharegpu.agent.isolation import (
     HAMI_CONTAINER_LIBRARY,
     Backend,
@@ -37,7 +36,8 @@ from sharegpu.agent.readiness import (
     elf_problem,
     write_preload_list,
 )
-from sharegpu.errors import ValidationError
+from sharegpu.core import names
+from sharegpu.core.errors import ValidationError
 
 HERE = Path(__file__).resolve().parent
 MPS_STANDIN = str(HERE / "standins" / "nvidia-cuda-mps-control")

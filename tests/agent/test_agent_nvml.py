@@ -15,7 +15,7 @@ import pytest
 from agent_helpers import short_dir, standin_library  # noqa: F401
 from agent_kubelet import TestKubelet, wait_until
 
-from sharegpu import names
+from sharegpu.core import names
 
 HERE = Path(__file__).resolve().parent
 GPUS = "Tesla T4:15109,Tesla V100-SXM2-32GB:32510"

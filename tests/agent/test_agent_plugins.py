@@ -13,8 +13,8 @@ import pytest
 from agent_helpers import NODE, harness, short_dir  # noqa: F401
 from agent_kubelet import wait_until
 
-from sharegpu import names
-from sharegpu.modes import Mode, advertised_resources
+from sharegpu.core import names
+from sharegpu.core.modes import Mode, advertised_resources
 
 MEM = [15, 32]  # the harness node: a 15 GiB T4 and a 32 GiB V100
 
@@ -137,7 +137,7 @@ async def test_node_labels_and_annotations(harness):
     assert meta["annotations"][names.ANN_NODE_GPU_MEM] == "32,32,16"
     assert meta["annotations"][names.ANN_NODE_LAST_MODE] == "cgpu"
     # the scheduler reads this node back with GPUs of their own sizes
-    from sharegpu.nodes import spec_from_node
+    from sharegpu.core.nodes import spec_from_node
 
     spec = spec_from_node(h.kube.nodes[NODE])
     assert list(spec.gpu_mem) == [32, 32, 16] and spec.mode is Mode.CGPU
@@ -152,7 +152,7 @@ async def test_reserve_keeps_memory_out_of_what_is_advertised(harness):
     assert meta["annotations"][names.ANN_NODE_GPU_MEM] == "79,79"
     assert meta["labels"][names.LABEL_CARD_MEM] == f"{80 * 1024}MiB"
     assert h.kubelet.count(names.RES_GPU_MEM) == 158
-    from sharegpu.nodes import spec_from_node
+    from sharegpu.core.nodes import spec_from_node
 
     assert list(spec_from_node(h.kube.nodes[NODE]).gpu_mem) == [79, 79]
 

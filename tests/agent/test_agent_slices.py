@@ -12,10 +12,10 @@ import pytest
 from agent_helpers import NODE, harness, short_dir  # noqa: F401
 from agent_kubelet import wait_until
 
-from sharegpu import names
 from sharegpu.agent.nvml import FakeNvml
 from sharegpu.agent.slicepublisher import MemorySlices, SlicePublisher
-from sharegpu.modes import Mode, advertised_resources
+from sharegpu.core import names
+from sharegpu.core.modes import Mode, advertised_resources
 
 NAME = f"{NODE}-gpu.sharegpu.io"
 NOTHING = dict.fromkeys(names.ALL_GPU_RESOURCES, 0)

@@ -8,13 +8,13 @@ import sys
 import pytest
 from agent_helpers import NODE, make_pod
 
-from sharegpu import names
 from sharegpu.agent.allocate import AllocationError, Allocator, pending_candidates
 from sharegpu.agent.devices import DeviceMap, device_ids, devices_for
 from sharegpu.agent.isolation import Backend, IsolationConfig, backend_for, isolation_env
 from sharegpu.agent.nvml import FakeNvml, Gpu, parse_fake_gpus
-from sharegpu.errors import ValidationError
-from sharegpu.modes import Mode
+from sharegpu.core import names
+from sharegpu.core.errors import ValidationError
+from sharegpu.core.modes import Mode
 
 GPUS = FakeNvml([("T4", 15), ("V100", 32)]).gpus()
 

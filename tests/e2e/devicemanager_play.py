@@ -1,7 +1,7 @@
 """The kubelet's device manager against sharegpu's agent, on the real API server.
 
 - :func:`place` makes pods as the extender leaves them: bound to a node (``spec.nodeName``), the
-  decision recorded with :func:`sharegpu.annotations.encode` (both generations, an assume-time
+  decision recorded with :func:`sharegpu.core.annotations.encode` (both generations, an assume-time
   per bind), shapes mixed — one container, several containers (possibly on different GPUs),
   several GPUs (``aliyun.com/gpu-count``), memory and compute (``core_mem``).
 - :class:`DeviceManagerRun` runs ``sharegpu-controlplane kubelet-devicemanager`` (the kubelet's
@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sharegpu import names
 from sharegpu.agent.allocate import ANN_GRANT
 from sharegpu.agent.devices import SEP
 from sharegpu.agent.isolation import HAMI_CONTAINER_LIBRARY
-from sharegpu.annotations import Allocation, decode, encode
-from sharegpu.request import parse_pod
-from sharegpu.startingpods import StartingPods, container_grants
+from sharegpu.core import names
+from sharegpu.core.annotations import Allocation, decode, encode
+from sharegpu.core.request import parse_pod
+from sharegpu.core.startingpods import StartingPods, container_grants
 
 IMAGE = "registry.invalid/sharegpu/cuda:never-pulled"  # no container runtime: never pulled
 
@@ -87,7 +87,7 @@ def place(n: int, gpus: Sequence[FakeGpu], *, seed: int, core: bool = False,
     these GPUs: (kind, container requests, decision, gpu-count label). With ``core`` every
     container also asks for compute on its (single) GPU. With ``starting`` (the pods of the
     node the kubelet has not started), only placements the extender's binder lets through
-    while none of them has started (sharegpu.startingpods)."""
+    while none of them has started (sharegpu.core.startingpods)."""
     rng = random.Random(seed)
     free_mem = [g.gib for g in gpus]
     free_core = [100] * len(gpus)
@@ -249,7 +249,7 @@ def mismatches(report: Mapping[str, Any], pods: Mapping[str, Mapping[str, Any]],
     by_uuid = {g.uuid: g.index for g in gpus}
     out: list[str] = []
     seen = set()
-    # what each pod container gets, as the kubelet can see it (sharegpu.startingpods): two
+    # what each pod container gets, as the kubelet can see it (sharegpu.core.startingpods): two
     # containers with the same grant are the same to the kubelet and get the same answer
     same: dict[str, Any] = {}
     for ref, pod in pods.items():

@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sharegpu import dra, names
 from sharegpu.agent.cdi import SPEC_PREFIX
 from sharegpu.agent.isolation import HAMI_CONTAINER_LIBRARY, PRELOAD_LIST
+from sharegpu.core import names
+from sharegpu.dra import driver as dra
 
 from .realnode import RealNode
 

@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sharegpu import annotations, names
 from sharegpu.agent.isolation import HAMI_CONTAINER_LIBRARY, PRELOAD_LIST
+from sharegpu.core import annotations, names
 
 from .controlplane import ControlPlane
 from .realnode import RealNode

@@ -45,9 +45,9 @@ from lightkube import ApiError, Client, KubeConfig, codecs
 from lightkube.resources.core_v1 import Namespace, Node, Pod, ServiceAccount
 from lightkube.types import PatchType
 
-from sharegpu import names
-from sharegpu.annotations import assigned_patch, is_assigned
-from sharegpu.modes import Mode, advertised_resources
+from sharegpu.core import names
+from sharegpu.core.annotations import assigned_patch, is_assigned
+from sharegpu.core.modes import Mode, advertised_resources
 
 from .components import (
     CHART,
@@ -518,7 +518,7 @@ class StandInKubelets(PodWatch):
     """Plays every node's kubelet and sharegpu agent for ``namespace``'s pods: a pod seen bound
     with a sharegpu decision is marked ``assigned`` at once, as the agent marks it once the
     kubelet has allocated its devices (the extender binds a pod the kubelet could mistake for
-    a starting one only after that, see sharegpu.startingpods)."""
+    a starting one only after that, see sharegpu.core.startingpods)."""
 
     def __init__(self, kubeconfig: Path, namespace: str) -> None:
         super().__init__(kubeconfig, namespace)

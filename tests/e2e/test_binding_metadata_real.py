@@ -21,9 +21,9 @@ from typing import Any
 from lightkube import Client
 from lightkube.resources.core_v1 import Pod
 
-from sharegpu import names
 from sharegpu.agent.allocate import pending_candidates
-from sharegpu.annotations import Allocation, decode, encode
+from sharegpu.core import names
+from sharegpu.core.annotations import Allocation, decode, encode
 from sharegpu.extender.kube import ApiError, KubeApi
 from sharegpu.extender.view import ClusterView
 from sharegpu.inspect_cgpu import model as inspect_model

@@ -827,11 +827,11 @@ def test_webhook_needs_no_api_access(release: Release) -> None:
 
 
 def test_events_as_sharegpu_posts_them_are_accepted(release: Release) -> None:
-    """The extender and the agent explain themselves with core/v1 Events (sharegpu.kevents):
+    """The extender and the agent explain themselves with core/v1 Events (sharegpu.kubeio.kevents):
     the real API server accepts them, posted with each component's own ServiceAccount."""
     from lightkube.resources.core_v1 import Event
 
-    from sharegpu.kevents import node_event, pod_event
+    from sharegpu.kubeio.kevents import node_event, pod_event
 
     ns, admin = release.namespace, release.admin
     target = next(iter(admin.list(Pod, namespace=ns)))  # any pod: one of the chart's, Pending

@@ -42,11 +42,11 @@ from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Event, Pod
 from lightkube.types import PatchType
 
-from sharegpu import names
-from sharegpu.annotations import decode
+from sharegpu.core import names
+from sharegpu.core.annotations import decode
+from sharegpu.core.gang import LABEL_GROUP, LABEL_MIN_AVAILABLE
+from sharegpu.core.resourcepolicy import ANN_DELETION_COST, ANN_UNIT
 from sharegpu.extender.view import ClusterView
-from sharegpu.gang import LABEL_GROUP, LABEL_MIN_AVAILABLE
-from sharegpu.resourcepolicy import ANN_DELETION_COST, ANN_UNIT
 
 from .components import ROOT, create_node_object
 from .controlplane import ControlPlane

@@ -12,7 +12,8 @@ gRPC), then starting every pod at once (GetDeviceRunContainerOptions).
 
 Every container must get its own pod's GPUs and limits (its environment, the plugin devices the
 kubelet took, each resource's answer, the pod container the agent says it served — or its twin's,
-identical in all of these, see sharegpu.startingpods) and every pod must end up marked assigned.
+identical in all of these, see sharegpu.core.startingpods) and every pod must end up marked
+assigned.
 
 - bound while the kubelet runs: the 50 pods are bound as fast as the API server takes them while
   the device manager watches; it admits them as its pod source delivers them (bind order).
@@ -20,7 +21,7 @@ identical in all of these, see sharegpu.startingpods) and every pod must end up 
   relist), which the kubelet admits by creationTimestamp (1 s resolution; ties in its pod
   source's map order). The agent cannot know that order; the extender's binder lets pods be
   starting together on a node only where the agent cannot get them wrong
-  (sharegpu.startingpods), and the 50 pods are placed so.
+  (sharegpu.core.startingpods), and the 50 pods are placed so.
 """
 
 from __future__ import annotations
@@ -39,9 +40,9 @@ from lightkube import Client
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Pod, ServiceAccount
 
-from sharegpu import names
-from sharegpu.annotations import is_assigned
-from sharegpu.startingpods import StartingPods
+from sharegpu.core import names
+from sharegpu.core.annotations import is_assigned
+from sharegpu.core.startingpods import StartingPods
 
 from .components import SharegpuProcess, create_node, free_port, wait_for
 from .controlplane import ControlPlane
@@ -80,7 +81,7 @@ def _run(cp: ControlPlane, binary: Path, admin: Client, namespace: str, d: Path,
     gpus = fake_gpus(GPUS)
     capacity = {g.index: g.gib for g in gpus}
     # bound while the kubelet is down: only pods the extender's binder lets through together,
-    # those the kubelet can tell apart or twins (sharegpu.startingpods)
+    # those the kubelet can tell apart or twins (sharegpu.core.startingpods)
     shapes = place(N_PODS, gpus, seed=seed, core=(mode == "core_mem"),
                    starting=None if kubelet_first else StartingPods())
     kinds: dict[str, int] = {}

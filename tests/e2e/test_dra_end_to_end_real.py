@@ -55,7 +55,8 @@ import pytest
 from lightkube import Client
 from lightkube.resources.core_v1 import Pod
 
-from sharegpu import dra, names
+from sharegpu.core import names
+from sharegpu.dra import driver as dra
 from sharegpu.inspect_cgpu.cli import main as inspect_main
 from sharegpu_testing.tls import make_certificates
 

@@ -6,7 +6,7 @@ kube-controller-manager, kube-scheduler v1.37.2, default feature gates; docs/dra
   order whose remaining capacity holds the claim: on a node whose gpu-0 is a 32 GiB V100 and
   gpu-1 a 15 GiB T4, claims of 4, 20 and 12 GiB land on gpu-0, gpu-0, gpu-1 (best fit would
   take gpu-1, gpu-0, gpu-0) — exactly what the simulator's ``firstfit`` predicts
-  (``sharegpu.gpuchoice.FIRSTFIT``, the ``--gpu-choice allocator`` of ``sharegpu simulate``).
+  (``sharegpu.core.gpuchoice.FIRSTFIT``, the ``--gpu-choice allocator`` of ``sharegpu simulate``).
 - ``kubectl inspect cgpu`` on that cluster agrees with the claims' ``consumedCapacity`` per GPU.
 """
 
@@ -17,11 +17,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sharegpu.gpuchoice import FIRSTFIT, assign
+from sharegpu.core.gpuchoice import FIRSTFIT, assign
+from sharegpu.core.modes import Mode
+from sharegpu.core.request import ContainerRequest, Kind, PodRequest
+from sharegpu.core.state import ClusterState, NodeSpec
 from sharegpu.inspect_cgpu.cli import main as inspect_main
-from sharegpu.modes import Mode
-from sharegpu.request import ContainerRequest, Kind, PodRequest
-from sharegpu.state import ClusterState, NodeSpec
 
 from .components import SharegpuProcess, free_port, wait_for
 from .test_chart_real import container_args, with_flags

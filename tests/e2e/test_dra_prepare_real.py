@@ -42,7 +42,8 @@ from lightkube import Client
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Pod, ServiceAccount
 
-from sharegpu import dra, names
+from sharegpu.core import names
+from sharegpu.dra import driver as dra
 
 from .components import CHART, SharegpuProcess, create_node, free_port, helm, wait_for
 from .controlplane import ControlPlane

@@ -28,8 +28,8 @@ import pytest
 from lightkube import ApiError, Client, KubeConfig
 from lightkube.resources.core_v1 import Node
 
-from sharegpu.modes import Mode
-from sharegpu.resourceslices import SliceGpu, build_slice
+from sharegpu.core.modes import Mode
+from sharegpu.dra.resourceslices import SliceGpu, build_slice
 
 from .components import create_node_object, wait_for
 from .controlplane import ControlPlane

@@ -36,9 +36,9 @@ from lightkube.resources.authorization_v1 import SelfSubjectRulesReview
 from lightkube.resources.core_v1 import Namespace, Node, Pod
 from lightkube.types import PatchType
 
-from sharegpu.errors import ValidationError
-from sharegpu.modes import Mode
-from sharegpu.resourceslices import SliceGpu, build_slice, validate_slice
+from sharegpu.core.errors import ValidationError
+from sharegpu.core.modes import Mode
+from sharegpu.dra.resourceslices import SliceGpu, build_slice, validate_slice
 
 from .components import SharegpuProcess, create_node, free_port, helm, install_chart, wait_for
 from .controlplane import ControlPlane

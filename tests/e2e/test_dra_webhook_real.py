@@ -41,10 +41,10 @@ import pytest
 from lightkube import ApiError, Client, KubeConfig
 from lightkube.resources.core_v1 import Node
 
-from sharegpu import request as rules
-from sharegpu.draclaims import RULE_AMBIGUOUS, RULE_NODE_NAME
-from sharegpu.modes import Mode
-from sharegpu.resourceslices import SliceGpu, build_slice
+from sharegpu.core import request as rules
+from sharegpu.core.modes import Mode
+from sharegpu.dra.draclaims import RULE_AMBIGUOUS, RULE_NODE_NAME
+from sharegpu.dra.resourceslices import SliceGpu, build_slice
 from sharegpu_testing.tls import make_certificates
 
 from .components import (

@@ -29,7 +29,7 @@ from lightkube import Client, KubeConfig
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Event, Pod
 
-from sharegpu import names
+from sharegpu.core import names
 
 from .components import ROOT, free_port
 from .controlplane import ControlPlane

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import sys
 
-from sharegpu import names
-from sharegpu import request as rules
+from sharegpu.core import names
+from sharegpu.core import request as rules
 
 from .nodepods import (
     NAMESPACE,

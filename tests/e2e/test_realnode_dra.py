@@ -33,9 +33,10 @@ from typing import Any
 
 import pytest
 
-from sharegpu import dra, names
 from sharegpu.agent.cdi import SPEC_PREFIX
 from sharegpu.agent.dracheckpoint import CHECKPOINT_FILE
+from sharegpu.core import names
+from sharegpu.dra import driver as dra
 
 from .nodeclaims import (
     CDI_DIR,

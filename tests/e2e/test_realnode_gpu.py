@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from sharegpu import annotations, names
+from sharegpu.core import annotations, names
 
 from .nodepods import (
     NAMESPACE,

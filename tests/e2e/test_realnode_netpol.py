@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from sharegpu import names
+from sharegpu.core import names
 
 from .components import CHART, helm
 from .nodepods import (

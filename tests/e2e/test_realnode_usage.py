@@ -21,7 +21,7 @@ import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
-from sharegpu import annotations, names
+from sharegpu.core import annotations, names
 
 from .nodepods import NAMESPACE, WORKLOADS, create, get_pod, gpu_pod, list_pods, ready, wait
 from .realnode import RealNode, RealNodeCluster

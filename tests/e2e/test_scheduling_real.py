@@ -37,17 +37,17 @@ import pytest
 from lightkube import Client
 from lightkube.resources.core_v1 import Event, Node, Pod
 
-from sharegpu import names
-from sharegpu.annotations import Allocation, decode, encode
+from sharegpu.core import names
+from sharegpu.core.annotations import Allocation, decode, encode
+from sharegpu.core.modes import Mode, advertised_resources
+from sharegpu.core.nodes import spec_from_node
+from sharegpu.core.placement.gpus import assign, node_strategy, request_strategy
+from sharegpu.core.request import Kind, parse_pod
+from sharegpu.core.state import ClusterState
 from sharegpu.extender.events import REASON_INVALID, REASON_UNSCHEDULABLE
 from sharegpu.extender.view import ClusterView
 from sharegpu.inspect_cgpu import model as inspect_model
 from sharegpu.inspect_cgpu import render as inspect_render
-from sharegpu.modes import Mode, advertised_resources
-from sharegpu.nodes import spec_from_node
-from sharegpu.placement.gpus import assign, node_strategy, request_strategy
-from sharegpu.request import Kind, parse_pod
-from sharegpu.state import ClusterState
 
 from .components import ROOT, SharegpuProcess, create_node, free_port
 from .controlplane import ControlPlane

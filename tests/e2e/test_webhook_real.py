@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from sharegpu import request as rules
+from sharegpu.core import request as rules
 from sharegpu_testing.tls import make_certificates
 
 from .components import SharegpuProcess, chart_docs, free_port, local_webhook_args

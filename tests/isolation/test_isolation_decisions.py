@@ -15,7 +15,7 @@ from rich.console import Console
 
 from sharegpu.agent.isolation import Backend, IsolationConfig, Mount, isolation_env
 from sharegpu.commands import isolation_check as cmd
-from sharegpu.errors import ValidationError
+from sharegpu.core.errors import ValidationError
 from sharegpu.isolation_check import check as c
 from sharegpu.isolation_check.render import table
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from .. import names
+from ..core import names
 from .devices import devices_for
 from .health import HealthWatch
 from .isolation import Backend

@@ -16,7 +16,7 @@ pending (not yet assigned) pod container on this node whose recorded GPUs match 
    (a ``core_mem`` container is allocated once for memory and once for compute), then the next
    container of a pod already partly handed out, then the earliest assume-time; ties by
    namespace/name and container index. Pods that the scheduler keeps apart
-   (:mod:`sharegpu.startingpods`) get their own decisions in any admission order;
+   (:mod:`sharegpu.core.startingpods`) get their own decisions in any admission order;
 5. all of this under one lock, with a ledger of what was handed out, so concurrent calls never
    hand the same pod container out twice.
 
@@ -34,11 +34,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import names
-from ..annotations import assume_time, decode, is_assigned
-from ..errors import ShareGpuError, ValidationError
-from ..pods import is_terminated
-from ..request import Kind, parse_pod
+from ..core import names
+from ..core.annotations import assume_time, decode, is_assigned
+from ..core.errors import ShareGpuError, ValidationError
+from ..core.pods import is_terminated
+from ..core.request import Kind, parse_pod
 from .devices import DeviceMap
 from .isolation import (
     COMPUTE_ENVS,

@@ -119,7 +119,7 @@ class Allocations:
             log.warning("event for %s/%s not written: %s", c.namespace, c.name, e)
 
     async def _mark_assigned(self, namespace: str, name: str) -> None:
-        from ..annotations import assigned_patch
+        from ..core.annotations import assigned_patch
 
         delay = 0.2
         for _ in range(10):

@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .. import dra
+from ..dra import driver as dra
 from .isolation import ContainerEnv
 
 CDI_VERSION = "0.6.0"  # the first with spec annotations; containerd 1.7 and CRI-O read it

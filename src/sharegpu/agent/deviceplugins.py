@@ -11,7 +11,7 @@ import logging
 import os
 from collections.abc import Sequence
 
-from .. import names
+from ..core import names
 from .conflicts import gpu_plugins
 from .devices import SOCKETS
 from .kube import KubeApi

@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from .. import names
-from ..errors import ValidationError
-from ..modes import Mode, advertised_resources
+from ..core import names
+from ..core.errors import ValidationError
+from ..core.modes import Mode, advertised_resources
 from .nvml import Gpu
 
 SEP = "-_-"

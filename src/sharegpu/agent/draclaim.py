@@ -3,7 +3,7 @@ results of sharegpu's driver, checked rule by rule, grouped by request.
 
 Read from ``status.allocation.devices.results[]`` ({request, driver, pool, device,
 consumedCapacity, shareID}; k8s.io/api resource/v1 ``DeviceRequestAllocationResult``). Results
-of other drivers are left to them. Every refusal is a :class:`~sharegpu.errors.ValidationError`
+of other drivers are left to them. Every refusal is a :class:`~sharegpu.core.errors.ValidationError`
 naming the field (with the result's index) and the rule. Pure: no I/O.
 """
 
@@ -14,9 +14,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .. import dra
-from ..errors import ValidationError
-from ..quantity import parse
+from ..core.errors import ValidationError
+from ..core.quantity import parse
+from ..dra import driver as dra
 
 RESULTS = "status.allocation.devices.results"
 # Kubernetes UIDs are RFC 4122 strings; the claim's UID names files, so nothing else is taken.

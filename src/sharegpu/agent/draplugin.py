@@ -21,8 +21,8 @@ from typing import Any
 
 import grpc
 
-from .. import dra
-from ..errors import ShareGpuError, ValidationError
+from ..core.errors import ShareGpuError, ValidationError
+from ..dra import driver as dra
 from .allocate import Candidate, Grant, Guard
 from .claimfiles import ClaimFiles
 from .dracheckpoint import CHECKPOINT_FILE, Checkpoint

@@ -48,10 +48,10 @@ from dataclasses import dataclass
 from enum import IntEnum, StrEnum
 from typing import Any
 
-from .. import names
-from ..errors import ValidationError
-from ..modes import Mode
-from ..request import is_true, isolation_opted_out
+from ..core import names
+from ..core.errors import ValidationError
+from ..core.modes import Mode
+from ..core.request import is_true, isolation_opted_out
 
 # Where a container finds HAMi-core: the path HAMi mounts it at, and the one HAMi-core opens to
 # find its own hooks (``CUDA_REDIRECT`` names another, for a process outside a container).

@@ -11,7 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
-from .. import names
+from ..core import names
 from .allocate import Allocator, Candidate, Guard, IsolationUnavailable
 from .config import AgentConfig
 from .isolation import Backend

@@ -149,13 +149,13 @@ class MemoryKube:
         conds[:] = [c for c in conds if c.get("type") != condition["type"]] + [dict(condition)]
 
     async def create_event(self, *, namespace, pod, uid, reason, message, node) -> None:  # type: ignore[no-untyped-def]
-        from ..kevents import pod_event
+        from ..kubeio.kevents import pod_event
 
         self.events.append(pod_event(namespace=namespace, name=pod, uid=uid, reason=reason,
                                      message=message, component=EVENT_COMPONENT, host=node))
 
     async def create_node_event(self, node, *, reason, message) -> None:  # type: ignore[no-untyped-def]
-        from ..kevents import node_event
+        from ..kubeio.kevents import node_event
 
         self.events.append(node_event(node, reason=reason, message=message,
                                       component=EVENT_COMPONENT))

@@ -10,13 +10,13 @@ from .kube import Obj
 
 def make_client(kubeconfig: str | None = None):  # type: ignore[no-untyped-def]
     """An async client, from the cluster configuration found in
-    :data:`sharegpu.kubeconfig.ORDER`."""
+    :data:`sharegpu.kubeio.kubeconfig.ORDER`."""
     import ssl
 
     from lightkube import AsyncClient
 
-    from .. import kubeconfig as kc
-    from ..errors import ValidationError
+    from ..core.errors import ValidationError
+    from ..kubeio import kubeconfig as kc
 
     config = kc.load(kubeconfig, field="--kubeconfig" if kubeconfig else "kubeconfig")
     try:
@@ -124,7 +124,7 @@ class LightkubeApi:
     ) -> None:
         from lightkube.resources.core_v1 import Event
 
-        from ..kevents import pod_event
+        from ..kubeio.kevents import pod_event
         from .kube import EVENT_COMPONENT
 
         obj = pod_event(namespace=namespace, name=pod, uid=uid, reason=reason, message=message,
@@ -134,7 +134,7 @@ class LightkubeApi:
     async def create_node_event(self, node: str, *, reason: str, message: str) -> None:
         from lightkube.resources.core_v1 import Event
 
-        from ..kevents import node_event
+        from ..kubeio.kevents import node_event
         from .kube import EVENT_COMPONENT
 
         obj = node_event(node, reason=reason, message=message, component=EVENT_COMPONENT)

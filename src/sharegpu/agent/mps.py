@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..modes import Mode, parse_mode
+from ..core.modes import Mode, parse_mode
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ import logging
 import os
 from collections.abc import Mapping
 
-from .. import names
-from ..errors import ValidationError
-from ..modes import Mode, parse_mode
+from ..core import names
+from ..core.errors import ValidationError
+from ..core.modes import Mode, parse_mode
 from .isolation import Backend, backend_for
 from .mps import CURRENT_BACKEND_FILE, CURRENT_MODE_FILE
 

@@ -10,8 +10,8 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 
-from .. import names
-from ..modes import card_model_labels
+from ..core import names
+from ..core.modes import card_model_labels
 from .advertising import Advertiser
 from .drapool import DraPool
 from .isolationwatch import IsolationWatch

@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..errors import ValidationError
+from ..core.errors import ValidationError
 
 GIB_MIB = 1024
 

@@ -14,8 +14,8 @@ import logging
 import os
 from dataclasses import dataclass, field
 
-from ..aio import cancel_all
-from ..modes import Mode
+from ..core.modes import Mode
+from ..kubeio.aio import cancel_all
 from .advertising import Advertiser
 from .allocate import AllocationError, Allocator
 from .allocations import Allocations

@@ -1,6 +1,6 @@
 """The node agent's ResourceSlice: published, kept current and withdrawn through the API server.
 
-:class:`SlicePublisher` holds what the slice should say (:mod:`sharegpu.resourceslices` builds
+:class:`SlicePublisher` holds what the slice should say (:mod:`sharegpu.dra.resourceslices` builds
 it from the GPUs, the node's mode and their health) and reconciles the API server to it: one
 slice per node and driver under a fixed name, created when missing (also after the kubelet, which
 deletes every ResourceSlice of its node when it starts, wiped it), replaced with the pool
@@ -27,9 +27,9 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..errors import ValidationError
-from ..modes import Mode
-from ..resourceslices import (
+from ..core.errors import ValidationError
+from ..core.modes import Mode
+from ..dra.resourceslices import (
     API_VERSION,
     DEVICE_CLASS,
     DRIVER,
@@ -268,7 +268,7 @@ class SlicePublisher:
 def slice_gpus(gpus: Sequence[Any], links: Sequence[Sequence[str]] | None,
                unhealthy: set[int], withheld: set[int]) -> tuple[SliceGpu, ...]:
     """The agent's GPUs (:class:`sharegpu.agent.nvml.Gpu`) as the slice describes them."""
-    from ..resourceslices import nvlink_peers
+    from ..dra.resourceslices import nvlink_peers
 
     return tuple(SliceGpu(index=g.index, uuid=g.uuid, model=g.name, mem_mib=g.mem_mib,
                           mem_gib=g.mem_gib, nvlink_peers=nvlink_peers(links, g.index),

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ValidationError
-from ..pods import is_terminated
-from ..request import parse_pod
+from ..core.errors import ValidationError
+from ..core.pods import is_terminated
+from ..core.request import parse_pod
 from .nvml import GpuProcess, Nvml
 
 # pod<uid>: with dashes (cgroupfs driver) or underscores (systemd driver)

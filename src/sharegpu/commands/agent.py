@@ -8,8 +8,8 @@ import os
 import signal
 
 from ..agent.draconfig import CDI_DIR, PLUGINS_DIR, REGISTRY_DIR
-from ..dra import DRIVER as DRA_DRIVER
-from ..errors import ValidationError
+from ..core.errors import ValidationError
+from ..dra.driver import DRIVER as DRA_DRIVER
 from .argtypes import reserve_mib
 
 NAME = "agent"
@@ -115,8 +115,8 @@ def run(args: argparse.Namespace) -> int:
     from ..agent.isolation import IsolationConfig, parse_core_mem, parse_policy
     from ..agent.kube import MemoryKube
     from ..agent.nvml import FakeNvml, RealNvml
-    from ..logs import configure as configure_logging
-    from ..modes import parse_mode
+    from ..core.modes import parse_mode
+    from ..kubeio.logs import configure as configure_logging
 
     configure_logging(args.log_level)
     if not args.node_name:
@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValidationError("--mps-control", args.mps_control, "must name a command")
     dra_label = _dra_label(args.dra_label)
     if args.dra != "off":
-        from ..resourceslices import check_driver_name
+        from ..dra.resourceslices import check_driver_name
 
         check_driver_name("--dra-driver", args.dra_driver)
     dra_plugin = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..errors import ValidationError
+from ..core.errors import ValidationError
 
 
 def parse_seeds(text: str) -> list[int]:

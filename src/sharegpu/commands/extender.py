@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import httpx2 as httpx
 
-from ..errors import ValidationError
+from ..core.errors import ValidationError
 from .argtypes import positive_float
 
 NAME = "extender"
@@ -230,9 +230,9 @@ async def _start_retrying(replica, host: str, port: int, ctx, stop: asyncio.Even
 
 
 async def _serve(args: argparse.Namespace) -> int:
+    from ..core.placement.base import get_policy
     from ..extender.kube import KubeApi
     from ..extender.replica import Replica
-    from ..placement.base import get_policy
 
     get_policy(args.policy)  # a bad name fails here with the list of policies
     host, port = listen_address(args.listen)
@@ -268,7 +268,7 @@ async def _serve(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..logs import configure as configure_logging
+    from ..kubeio.logs import configure as configure_logging
 
     configure_logging(args.log_level)
     return asyncio.run(_serve(args))

@@ -6,7 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
-from ..errors import ValidationError
+from ..core.errors import ValidationError
 from .argtypes import reserve_mib
 
 NAME = "isolation-check"
@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from ..errors import ShareGpuError
+    from ..core.errors import ShareGpuError
     from ..isolation_check.check import CheckError, run_check
     from ..isolation_check.render import table
 

@@ -7,7 +7,7 @@ import asyncio
 import shlex
 import signal
 
-from ..errors import ValidationError
+from ..core.errors import ValidationError
 
 NAME = "mps-daemon"
 HELP = "start, supervise and stop nvidia-cuda-mps-control as the node's mode asks (mps nodes)"
@@ -37,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..agent.mps import MpsConfig, MpsSupervisor
-    from ..logs import configure as configure_logging
+    from ..kubeio.logs import configure as configure_logging
 
     configure_logging(args.log_level)
     pct = args.default_active_thread_percentage

@@ -27,7 +27,7 @@ def plain(text: str) -> str:
 
 def describe(name: str) -> str:
     """The first sentence of the policy module's docstring, as plain text."""
-    from ..placement.base import _REGISTRY, _load_all
+    from ..core.placement.base import _REGISTRY, _load_all
 
     _load_all()
     doc = sys.modules[_REGISTRY[name].__module__].__doc__ or ""
@@ -37,7 +37,7 @@ def describe(name: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..placement.base import ALIASES, available
+    from ..core.placement.base import ALIASES, available
 
     names = available()
     width = max(len(n) for n in [*names, *ALIASES])

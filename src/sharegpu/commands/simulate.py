@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..errors import ValidationError
+from ..core.errors import ValidationError
 from .argtypes import parse_seeds, positive_float
 
 NAME = "simulate"
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from ..placement.base import get_policy
+    from ..core.placement.base import get_policy
     from ..sim import generate, report
     from ..sim.progress import for_stream
     from ..sim.runner import Source, run_matrix, stream_lengths

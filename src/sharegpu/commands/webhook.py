@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from ..errors import ValidationError
+from ..core.errors import ValidationError
 from .extender import listen_address, ssl_context
 
 NAME = "webhook"
@@ -64,8 +64,8 @@ def scheduler_name(text: str, schedulers: frozenset[str]) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from aiohttp import web
 
-    from ..draclaims import Pool
-    from ..logs import configure as configure_logging
+    from ..dra.draclaims import Pool
+    from ..kubeio.logs import configure as configure_logging
     from ..webhook import LightkubeTemplates, app
 
     configure_logging(args.log_level)
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     if args.dra_label:
         from lightkube import AsyncClient
 
-        from ..kubeconfig import load
+        from ..kubeio.kubeconfig import load
 
         pool = Pool.parse(args.dra_label, args.dra_device_class)
         store = LightkubeTemplates(AsyncClient(load(args.kubeconfig, field="--kubeconfig")))

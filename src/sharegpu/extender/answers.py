@@ -13,13 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import PlacementError
-from ..placement.base import resolve
-from ..placement.moves import has_fast_path
-from ..placement.nodecache import ShapeCache
-from ..placement.rowmemo import unique_keys
-from ..request import PodRequest
-from ..state import _KIND_MODES, _MODE_CODES, ClusterState, Reservation, without_host
+from ..core.errors import PlacementError
+from ..core.placement.base import resolve
+from ..core.placement.moves import has_fast_path
+from ..core.placement.nodecache import ShapeCache
+from ..core.placement.rowmemo import unique_keys
+from ..core.request import PodRequest
+from ..core.state import _KIND_MODES, _MODE_CODES, ClusterState, Reservation, without_host
 from .cache import UNKNOWN_NODE, ClusterCache
 from .drastate import DraState
 from .pickholds import PickHolds

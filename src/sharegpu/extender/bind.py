@@ -7,7 +7,7 @@ so binds to one node need no lock and one waiting for the kubelet holds up no ot
 2. choose GPUs with the core's policy and hold them in the view (in flight), or confirm what
    filter held for the pod (:mod:`.picks`);
 3. wait, at most ``start_wait`` seconds, until no pod starting on the node asks the kubelet for
-   the same devices with another placement (:mod:`sharegpu.startingpods`: the kubelet's device
+   the same devices with another placement (:mod:`sharegpu.core.startingpods`: the kubelet's device
    plugin calls name no pod, so such pods could get each other's GPUs); the pod counts as
    starting from here on;
 4. create the binding: one write, a raw POST whose metadata carries the decision's annotations
@@ -35,10 +35,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..annotations import encode
-from ..errors import PlacementError, ValidationError
-from ..request import PodRequest
-from ..state import Reservation
+from ..core.annotations import encode
+from ..core.errors import PlacementError, ValidationError
+from ..core.request import PodRequest
+from ..core.state import Reservation
 from .kube import ApiError, KubeApi
 from .resourcepolicies import Claim, ResourcePolicies
 from .view import ClusterView

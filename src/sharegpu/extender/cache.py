@@ -3,12 +3,13 @@
 Everything here is synchronous and free of I/O; the informer feeds it events and the HTTP
 handlers ask it questions, all on one event loop, so every method runs atomically.
 
-What a pod holds comes from its annotations once it is bound (:func:`sharegpu.pods.placement_of`);
+What a pod holds comes from its annotations once it is bound
+(:func:`sharegpu.core.pods.placement_of`);
 the binder's own reservations are *in flight* until the binding is created, and events for an
 in-flight pod do not touch its reservation. ``nodeName`` never changes once set, so an event that
 shows a pod unbound after the view saw it bound is stale and ignored.
 
-Host CPU and memory (:mod:`sharegpu.hostresources`): a GPU pod's request carries its CPU and
+Host CPU and memory (:mod:`sharegpu.core.hostresources`): a GPU pod's request carries its CPU and
 memory, so the state charges them with its GPUs; every other bound, live pod (no GPU, or a GPU
 pod the state does not hold) is in the *host ledger* (``host``), charged per node with
 :meth:`ClusterState.charge_host`. A pod is in exactly one of the two.
@@ -27,16 +28,16 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Protocol
 
-from .. import hostresources
-from ..annotations import Allocation, is_assigned
-from ..errors import PlacementError, ValidationError
-from ..modes import Mode
-from ..nodes import spec_from_node
-from ..pods import is_terminated, node_of
-from ..request import PodRequest
-from ..scheduler import Scheduler
-from ..startingpods import StartingPods
-from ..state import ClusterState, NodeSpec, Reservation
+from ..core import hostresources
+from ..core.annotations import Allocation, is_assigned
+from ..core.errors import PlacementError, ValidationError
+from ..core.modes import Mode
+from ..core.nodes import spec_from_node
+from ..core.pods import is_terminated, node_of
+from ..core.request import PodRequest
+from ..core.scheduler import Scheduler
+from ..core.startingpods import StartingPods
+from ..core.state import ClusterState, NodeSpec, Reservation
 from .reader import Placed, PlacementReader, _key
 from .workload import LearnedWorkload
 
@@ -102,7 +103,7 @@ class ClusterCache:
         self.placed: dict[str, Placed] = {}  # what bound pods' annotations say
         self.inflight: dict[str, Reservation] = {}
         # bound (or being bound) pods the kubelet has not started: the binder keeps the pods
-        # it binds distinguishable to the kubelet (sharegpu.startingpods)
+        # it binds distinguishable to the kubelet (sharegpu.core.startingpods)
         self.starting = StartingPods()
         # bound GPU pods without a recorded decision, charged conservatively (key -> node)
         self.unseen: dict[str, str] = {}
@@ -425,7 +426,7 @@ class ClusterCache:
 
     def _sync_starting(self, key: str, obj: Mapping[str, Any], p: Placed | None) -> None:
         """A bound pod starts when its node's agent marks it assigned (the kubelet allocated
-        its devices); until then it is starting (:mod:`sharegpu.startingpods`)."""
+        its devices); until then it is starting (:mod:`sharegpu.core.startingpods`)."""
         if p is None or key not in self.placed or is_assigned(
                 (obj.get("metadata") or {}).get("annotations") or {}):
             self.starting.discard(key)

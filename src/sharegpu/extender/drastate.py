@@ -5,12 +5,12 @@ One feature object, :class:`DraState`, over the cluster cache (:mod:`.cache`: it
 ``resourceclaims`` events).
 
 - **Nodes.** A node in the DRA pool advertises no device-plugin GPU resources; its GPU row is
-  built from its slice of driver ``gpu.sharegpu.io`` (:func:`sharegpu.drashares.slice_gpus`:
+  built from its slice of driver ``gpu.sharegpu.io`` (:func:`sharegpu.dra.drashares.slice_gpus`:
   each device's ``memory`` capacity in GiB, the ``mode`` attribute) with the Node's CPU, memory
   and labels. A node with a slice is a DRA node even when it also shows device-plugin GPUs.
 - **Claims.** Every claim of the driver is read once per event: its requests
-  (:func:`~sharegpu.drashares.claim_requests`) and, once allocated, its shares
-  (:func:`~sharegpu.drashares.claim_shares`: ``consumedCapacity`` per GPU), held in the
+  (:func:`~sharegpu.dra.drashares.claim_requests`) and, once allocated, its shares
+  (:func:`~sharegpu.dra.drashares.claim_shares`: ``consumedCapacity`` per GPU), held in the
   state under the key ``<namespace>/claim:<name>`` (a pod name cannot hold ``:``) next to the
   device-plugin pods, with no rule checked (the allocation is a fact). A changed allocation
   is released and held again; a deleted or deallocated claim is released. Nothing scans pods.
@@ -22,7 +22,7 @@ One feature object, :class:`DraState`, over the cluster cache (:mod:`.cache`: it
   known, not yet allocated and of this driver is ranked; otherwise (a claim not seen yet, one
   already allocated, a whole-GPU request) it passes every node with score 0 as before.
 - **A DRA pod kube-scheduler cannot place** (``PodScheduled=False``, reason ``Unschedulable``,
-  not bound): :func:`sharegpu.dradiagnosis.diagnose` says which of its fields no node of the
+  not bound): :func:`sharegpu.dra.dradiagnosis.diagnose` says which of its fields no node of the
   pool can meet, and ``on_dra_unschedulable`` is told (the replica's leader posts the Event).
   Only such pods are kept (``dra_waiting``), with the claims they name: asked again when one of
   their claims or a slice changes, and dropped once they are bound, schedulable or gone.
@@ -34,14 +34,16 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .. import dra, dradiagnosis, names
-from ..annotations import Allocation
-from ..drashares import DraRequest, SliceGpus, claim_requests, claim_shares, slice_gpus
-from ..errors import PlacementError, ValidationError
-from ..hostresources import node_allocatable
-from ..modes import Mode, node_placement, parse_mode
-from ..request import ContainerRequest, Kind, PodRequest
-from ..state import ClusterState, NodeSpec
+from ..core import names
+from ..core.annotations import Allocation
+from ..core.errors import PlacementError, ValidationError
+from ..core.hostresources import node_allocatable
+from ..core.modes import Mode, node_placement, parse_mode
+from ..core.request import ContainerRequest, Kind, PodRequest
+from ..core.state import ClusterState, NodeSpec
+from ..dra import dradiagnosis
+from ..dra import driver as dra
+from ..dra.drashares import DraRequest, SliceGpus, claim_requests, claim_shares, slice_gpus
 from .cache import ClusterCache
 
 CLAIM_KEY = "claim:"  # state keys of claims: <namespace>/claim:<name>

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..request import PodRequest
+from ..core.request import PodRequest
 from .answers import SchedulingAnswers, request_key
 from .cache import ClusterCache
 from .workload import LearnedWorkload

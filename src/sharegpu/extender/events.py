@@ -11,7 +11,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from ..kevents import pod_event
+from ..kubeio.kevents import pod_event
 from .kube import KubeApi
 from .metrics import Metrics
 

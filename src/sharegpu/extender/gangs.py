@@ -8,14 +8,14 @@ How a group is placed (see docs/gang.md):
 
 - kube-scheduler asks filter for a pod of a group whose min-available is not yet met (bound pods
   plus held pods). The view plans the whole group at once against the current state
-  (:func:`sharegpu.gang.plan`, the same policy code as a single pod), among the nodes
+  (:func:`sharegpu.core.gang.plan`, the same policy code as a single pod), among the nodes
   kube-scheduler passed: either at least ``need`` pods get a place, each held in the state as an
   in-flight reservation tagged with the group, or nothing is held and the filter fails every node
   with a reason naming the group (``gang ns/train: 5 of 8 pods fit; min-available 8``).
 - A held pod passes the filter on its held node only; its bind takes the held GPUs (the binder's
   :meth:`reserve` returns the hold), writes them as annotations and binds, like any pod.
 - Holds of a group that is not fully bound ``timeout`` seconds after they were made (the
-  PodGroup's ``scheduleTimeoutSeconds``, else :data:`sharegpu.gang.DEFAULT_TIMEOUT_S`) are all
+  PodGroup's ``scheduleTimeoutSeconds``, else :data:`sharegpu.core.gang.DEFAULT_TIMEOUT_S`) are all
   released; a pod deleted while held releases its hold.
 - Only a view that may bind (the leader, ``gang_may_hold``) holds shares. Elsewhere the plan is
   a dry run, released at once: the filter still says whether and where the group fits, and the
@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import PlacementError, ValidationError
-from ..gang import (
+from ..core.errors import PlacementError, ValidationError
+from ..core.gang import (
     DEFAULT_TIMEOUT_S,
     LABEL_GROUP,
     LABEL_GROUP_SHORT,
@@ -45,9 +45,9 @@ from ..gang import (
     parse_min,
     plan,
 )
-from ..pods import is_terminated, node_of
-from ..request import PodRequest
-from ..state import Reservation
+from ..core.pods import is_terminated, node_of
+from ..core.request import PodRequest
+from ..core.state import Reservation
 from .answers import SchedulingAnswers
 from .cache import ClusterCache
 from .drastate import DraPodRequest

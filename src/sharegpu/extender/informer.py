@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable, Collection
 from typing import Any
 
-from ..aio import cancel_all
-from ..state import ClusterState
+from ..core.state import ClusterState
+from ..kubeio.aio import cancel_all
 from .kube import CLAIMS, NODES, PODS, SLICES, ApiError, Gone, KubeApi
 from .metrics import Metrics
 from .view import ClusterView
@@ -253,8 +253,8 @@ class Informer:
         (a list). ``changed``: pods the view changed since the list began; they are taken
         from the view's own record (the list may predate them: created, bound or deleted
         since)."""
-        from ..errors import PlacementError, ValidationError
-        from ..hostresources import charges_node
+        from ..core.errors import PlacementError, ValidationError
+        from ..core.hostresources import charges_node
 
         view = self.view
         specs = [s for s in view.state.specs if s is not None]

@@ -55,11 +55,11 @@ class KubeApi:
     @classmethod
     def from_config(cls, kubeconfig: str | None = None) -> KubeApi:
         """From ``kubeconfig``, else ``$KUBECONFIG``, else ``~/.kube/config``, else
-        in-cluster (:data:`sharegpu.kubeconfig.ORDER`)."""
+        in-cluster (:data:`sharegpu.kubeio.kubeconfig.ORDER`)."""
         import ssl
 
-        from .. import kubeconfig as kc
-        from ..errors import ValidationError
+        from ..core.errors import ValidationError
+        from ..kubeio import kubeconfig as kc
 
         cfg = kc.load(kubeconfig, field="--kubeconfig" if kubeconfig else "kubeconfig")
         single = cfg.get()

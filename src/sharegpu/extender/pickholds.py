@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..pods import is_terminated, node_of
+from ..core.pods import is_terminated, node_of
 from .cache import ClusterCache
 from .picks import HeldPicks
 

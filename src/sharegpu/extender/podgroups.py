@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from ..gang import PODGROUP_GROUP, PODGROUP_VERSION
+from ..core.gang import PODGROUP_GROUP, PODGROUP_VERSION
 from .kube import ApiError, Gone, KubeApi
 from .view import ClusterView
 

@@ -7,22 +7,22 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .. import hostresources, names
-from ..annotations import Allocation, decode
-from ..errors import ValidationError
-from ..pods import is_terminated, node_of
-from ..request import PodRequest, parse_pod
+from ..core import hostresources, names
+from ..core.annotations import Allocation, decode
+from ..core.errors import ValidationError
+from ..core.pods import is_terminated, node_of
+from ..core.request import PodRequest, parse_pod
 
 Placed = tuple[PodRequest, str, Allocation]
 
 
 class PlacementReader:
-    """:func:`sharegpu.pods.placement_of` with its pure steps memoised: pods made from one
+    """:func:`sharegpu.core.pods.placement_of` with its pure steps memoised: pods made from one
     template (equal labels' GPU count and equal containers, init containers, overhead and
     pod-level resources) share one parsed GPU request and one host CPU and memory request,
     and equal annotation values share a decoded allocation (a rebuild reads 200,000 pods). The
-    core functions (:func:`sharegpu.request.parse_pod`,
-    :func:`sharegpu.hostresources.pod_request`) stay the only place of the rules.
+    core functions (:func:`sharegpu.core.request.parse_pod`,
+    :func:`sharegpu.core.hostresources.pod_request`) stay the only place of the rules.
 
     Requests carry the pod's host CPU and memory; a malformed CPU or memory quantity (an API
     server never stores one) counts as none, and ``on_problem`` is told."""
@@ -128,7 +128,7 @@ class PlacementReader:
                           labels=dict(labels))
 
     def unannotated(self, obj: Mapping[str, Any]) -> tuple[PodRequest, str] | None:
-        """Same answer as :func:`sharegpu.pods.unannotated_gpu_pod` (with the host request)."""
+        """Same answer as :func:`sharegpu.core.pods.unannotated_gpu_pod` (with the host request)."""
         node = hostresources.charges_node(obj)
         anns = (obj.get("metadata") or {}).get("annotations") or {}
         if not node or self.allocation(anns) is not None:

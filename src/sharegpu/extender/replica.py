@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx2 as httpx
 
-from ..aio import cancel_all
+from ..kubeio.aio import cancel_all
 from .bind import Binder
 from .events import REASON_DRA_UNSCHEDULABLE, REASON_UNANNOTATED, EventRecorder
 from .httpserver import HttpServer

@@ -11,7 +11,7 @@ is bound without one (placed before the policy, or by another scheduler) on a no
 unless ``ignorePreviousPod`` and created before the policy. A bind in flight counts from the
 moment it is claimed until its pod's bound event arrives (or it fails). Everything is rebuilt
 from the pods at a relist, so a restart or a new leader counts what the annotations say.
-The pure rules are in :mod:`sharegpu.resourcepolicy`.
+The pure rules are in :mod:`sharegpu.core.resourcepolicy`.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ValidationError
-from ..resourcepolicy import (
+from ..core.errors import ValidationError
+from ..core.resourcepolicy import (
     ANN_DELETION_COST,
     ANN_UNIT,
     API_VERSION,

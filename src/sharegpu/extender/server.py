@@ -22,8 +22,8 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from ..errors import ValidationError
-from ..request import PodRequest
+from ..core.errors import ValidationError
+from ..core.request import PodRequest
 from . import wire
 from .bind import Binder, BindError
 from .events import REASON_BIND_FAILED, REASON_INVALID, REASON_UNSCHEDULABLE, EventRecorder

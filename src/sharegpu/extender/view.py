@@ -23,10 +23,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..placement.base import get_policy
-from ..placement.fragmentation import TargetWorkload
-from ..request import Kind, PodRequest
-from ..state import Reservation
+from ..core.placement.base import get_policy
+from ..core.placement.fragmentation import TargetWorkload
+from ..core.request import Kind, PodRequest
+from ..core.state import Reservation
 from .answers import ROW_LOCAL_POLICIES, SchedulingAnswers, request_key
 from .cache import UNKNOWN_NODE, ClusterCache, gc_paused
 from .drastate import DraState

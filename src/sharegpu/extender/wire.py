@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ValidationError
+from ..core.errors import ValidationError
 
 MAX_EXTENDER_PRIORITY = 10
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from ..annotations import Allocation
-from ..placement.base import Policy
-from ..placement.fragmentation import Shape, TargetWorkload
-from ..request import PodRequest
-from ..state import ClusterState
+from ..core.annotations import Allocation
+from ..core.placement.base import Policy
+from ..core.placement.fragmentation import Shape, TargetWorkload
+from ..core.request import PodRequest
+from ..core.state import ClusterState
 
 
 def shape_of(req: PodRequest, alloc: Allocation) -> Shape | None:

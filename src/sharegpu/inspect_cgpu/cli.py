@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from .. import __version__
-from ..errors import ValidationError
+from ..core.errors import ValidationError
 from . import render
 from .model import build
 from .source import SourceError, load_file, load_live

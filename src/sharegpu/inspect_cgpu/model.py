@@ -3,9 +3,9 @@ per-node, per-GPU view that ``kubectl inspect cgpu`` prints. Pure: no I/O.
 
 - A node is shown when it advertises shared GPU memory (``aliyun.com/gpu-mem`` > 0 in its
   allocatable); its total is that allocatable, its GPUs' sizes come from
-  :func:`sharegpu.nodes.spec_from_node` (``sharegpu.io/gpu-mem`` or an even split).
+  :func:`sharegpu.core.nodes.spec_from_node` (``sharegpu.io/gpu-mem`` or an even split).
 - Every pod on a shown node that is not Succeeded/Failed counts. A pod whose annotations
-  (either generation, :func:`sharegpu.annotations.decode`) name its GPUs counts on those GPUs;
+  (either generation, :func:`sharegpu.core.annotations.decode`) name its GPUs counts on those GPUs;
   a pod that asks for ``aliyun.com/gpu-mem`` but has no GPU index yet counts as PENDING.
 - Objects that cannot be read (a bad label, a malformed annotation) are left out with a warning
   naming the object, the field and the rule; the others are still shown.
@@ -26,14 +26,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import names
-from ..annotations import decode
-from ..drashares import DraShare, SliceGpus, claim_shares, slice_gpus
-from ..errors import ValidationError
-from ..modes import Mode, parse_mode
-from ..nodes import node_mode_of, quantity, spec_from_node
-from ..pods import is_terminated, node_of
-from ..request import Kind, parse_pod
+from ..core import names
+from ..core.annotations import decode
+from ..core.errors import ValidationError
+from ..core.modes import Mode, parse_mode
+from ..core.nodes import node_mode_of, quantity, spec_from_node
+from ..core.pods import is_terminated, node_of
+from ..core.request import Kind, parse_pod
+from ..dra.drashares import DraShare, SliceGpus, claim_shares, slice_gpus
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ShareGpuError
+from ..core.errors import ShareGpuError
 
 
 @dataclass
@@ -183,7 +183,7 @@ def _dra_resources() -> tuple[Any, Any]:
 
 def kubeconfig_path(explicit: str | None = None) -> str | None:
     """The kubeconfig file to use, or ``None`` to try the in-cluster service account."""
-    from ..kubeconfig import default_path
+    from ..kubeio.kubeconfig import default_path
 
     return explicit or default_path()
 
@@ -199,8 +199,8 @@ def load_live(kubeconfig: str | None = None, *, timeout: float = 20.0,
     except ImportError as e:  # pragma: no cover - lightkube is a dependency
         raise SourceError(f"the Kubernetes client library is missing: {e}") from None
 
-    from .. import kubeconfig as kc
-    from ..errors import ValidationError
+    from ..core.errors import ValidationError
+    from ..kubeio import kubeconfig as kc
 
     path = kubeconfig_path(kubeconfig)
     try:

@@ -61,7 +61,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ShareGpuError, ValidationError
+from ..core.errors import ShareGpuError, ValidationError
 from .probe import grid_blocks
 
 MIB = 1 << 20

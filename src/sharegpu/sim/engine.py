@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import ValidationError
-from ..placement.base import get_policy
-from ..placement.fragmentation import TargetWorkload
-from ..placement.policies.fgd import FragmentationModel
-from ..scheduler import Scheduler
-from ..state import ClusterState, NodeSpec
+from ..core.errors import ValidationError
+from ..core.placement.base import get_policy
+from ..core.placement.fragmentation import TargetWorkload
+from ..core.placement.policies.fgd import FragmentationModel
+from ..core.scheduler import Scheduler
+from ..core.state import ClusterState, NodeSpec
 from .trace import GPU_UNITS, TracePod
 from .workload import stream
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..modes import Mode
-from ..state import NodeSpec
+from ..core.modes import Mode
+from ..core.state import NodeSpec
 from .trace import GPU_UNITS, NODE_FILE, TracePod
 
 DEFAULT_SEED = 2023

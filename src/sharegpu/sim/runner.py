@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ValidationError
-from ..state import ClusterState, NodeSpec
+from ..core.errors import ValidationError
+from ..core.state import ClusterState, NodeSpec
 from . import generate
 from .engine import RunResult, headline_length, run_one
 from .trace import NODE_FILE, TracePod, list_workloads, read_nodes, read_pods, workload_path

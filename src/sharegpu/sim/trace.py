@@ -13,10 +13,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ValidationError
-from ..modes import Mode
-from ..request import ContainerRequest, Kind, PodRequest
-from ..state import NodeSpec
+from ..core.errors import ValidationError
+from ..core.modes import Mode
+from ..core.request import ContainerRequest, Kind, PodRequest
+from ..core.state import NodeSpec
 
 GPU_UNITS = 1000
 NODE_FILE = "openb_node_list_gpu_node.csv"

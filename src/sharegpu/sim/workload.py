@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..placement.fragmentation import TargetWorkload
+from ..core.placement.fragmentation import TargetWorkload
 from .trace import GPU_UNITS, TracePod
 
 DEFAULT_INFLATION = 1.3

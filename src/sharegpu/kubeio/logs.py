@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 
-from .errors import ValidationError
+from ..core.errors import ValidationError
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 CLIENT_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2", "aiohttp.access")

@@ -54,7 +54,7 @@ class ContainerRequest:
 class PodRequest:
     """A pod's GPU request plus its host CPU (millicores) and memory (MiB). :func:`parse_pod`
     reads the GPU request alone (0 for CPU and memory); the extender adds the host request
-    (:mod:`sharegpu.hostresources`), the simulator takes it from the trace."""
+    (:mod:`sharegpu.core.hostresources`), the simulator takes it from the trace."""
 
     namespace: str
     name: str
@@ -120,7 +120,7 @@ _PLAIN = re.compile(r"\+?[0-9]+", re.ASCII)
 def parse_whole(field_name: str, value: Any, *, minimum: int = 1) -> int:
     """A GPU resource count: a JSON number or plain ASCII digits (the API server hands over
     quantities in canonical form, ``"4000m"`` as ``"4"``), checked with the Kubernetes quantity
-    grammar and bounds (:mod:`sharegpu.quantity`), whitespace around it dropped as the API
+    grammar and bounds (:mod:`sharegpu.core.quantity`), whitespace around it dropped as the API
     server drops it. A unit is refused: these resources count GiB, percent or cards, so
     ``4Gi`` would ask for 4,294,967,296 of them."""
     rule = RULE_MEM if minimum >= 1 else "must be a whole number, at least 0"

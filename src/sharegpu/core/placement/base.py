@@ -3,7 +3,7 @@
 A policy is a small plugin, in the manner of kube-scheduler's framework: the core filters nodes
 (:meth:`ClusterState.feasible`), the policy scores the feasible ones (:meth:`Policy.score`),
 the scheduler picks the best (ties at random), and the policy picks GPUs inside the chosen node
-(:meth:`Policy.select`). A new policy is one file under ``sharegpu/placement/`` that subclasses
+(:meth:`Policy.select`). A new policy is one file under ``sharegpu/core/placement/`` that subclasses
 :class:`Policy` and is decorated with :func:`register`.
 """
 

@@ -1,4 +1,4 @@
-"""Choosing GPUs inside one node: :mod:`sharegpu.gpuchoice`, re-exported here for the
+"""Choosing GPUs inside one node: :mod:`sharegpu.core.gpuchoice`, re-exported here for the
 policies (the state asks the GPU choice whether a pod fits, so it lives below the state)."""
 
 from ..gpuchoice import STRATEGIES, GpuRows, Order, assign, node_strategy, request_strategy

@@ -31,14 +31,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .dra import CAPACITY_CORES as CORES
-from .dra import CAPACITY_MEMORY as MEMORY
-from .dra import CORE_STEP, DRIVER, TAINT_ISOLATION, TAINT_UNHEALTHY, device_name
-from .dra import CORES_PER_GPU as CORES_TOTAL
-from .dra import MEMORY_STEP as GIB
-from .errors import ValidationError
-from .modes import Mode
-from .quantity import parse as parse_quantity
+from ..core.errors import ValidationError
+from ..core.modes import Mode
+from ..core.quantity import parse as parse_quantity
+from .driver import CAPACITY_CORES as CORES
+from .driver import CAPACITY_MEMORY as MEMORY
+from .driver import CORE_STEP, DRIVER, TAINT_ISOLATION, TAINT_UNHEALTHY, device_name
+from .driver import CORES_PER_GPU as CORES_TOTAL
+from .driver import MEMORY_STEP as GIB
 
 API_VERSION = "resource.k8s.io/v1"
 DEVICE_CLASS = DRIVER

@@ -12,7 +12,7 @@ under FGD on the openb trace (see bench/README.md).
 
 The GPUs inside the chosen node are, by default, the policy's own (:meth:`Policy.select`).
 ``gpu_choice="allocator"`` takes instead what kube-scheduler's DRA allocator takes for a claim
-on that node — the first GPUs in device order that fit (:data:`sharegpu.gpuchoice.FIRSTFIT`) —
+on that node — the first GPUs in device order that fit (:data:`sharegpu.core.gpuchoice.FIRSTFIT`) —
 with the node still the policy's: DRA mode, where the extender ranks nodes and the
 DynamicResources plugin picks devices (docs/dra.md, "Placement").
 """

@@ -19,7 +19,7 @@ import math
 import re
 from typing import Final
 
-from .names import CORE_STEP as _CORE_MEM_STEP
+from ..core.names import CORE_STEP as _CORE_MEM_STEP
 
 DRIVER: Final = "gpu.sharegpu.io"
 DEVICE_PREFIX: Final = "gpu-"

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import ValidationError
+from ..core.errors import ValidationError
 
 FIELD = "kubeconfig"
 

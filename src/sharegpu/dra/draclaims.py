@@ -27,9 +27,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from . import dra, names
-from .errors import ValidationError
-from .request import Kind, parse_pod
+from ..core import names
+from ..core.errors import ValidationError
+from ..core.request import Kind, parse_pod
+from . import driver as dra
 
 API_VERSION: Final = "resource.k8s.io/v1"
 REQUEST_NAME: Final = "gpu"

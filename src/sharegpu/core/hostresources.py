@@ -13,7 +13,8 @@ does that defaulting; objects that did not pass through it are read the same way
 ``status.allocatable``. Only pods bound to a node (``spec.nodeName``) and not finished (phase
 ``Succeeded`` or ``Failed``) use a node's resources; :func:`charges_node` says which.
 
-Units are the core's (:class:`sharegpu.state.NodeSpec`, :class:`sharegpu.request.PodRequest`):
+Units are the core's (:class:`sharegpu.core.state.NodeSpec`,
+:class:`sharegpu.core.request.PodRequest`):
 CPU in millicores, memory in MiB. A pod's request is rounded up (kube-scheduler's
 ``MilliValue`` rounds CPU up too), a node's allocatable down, so neither rounding can make a
 pod look as if it fits where kube-scheduler says it does not.

@@ -35,7 +35,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from . import dra, names
+from ..core import names
+from . import driver as dra
 from .draclaims import CLAIM_PREFIX, SHAREABLE
 from .drashares import DeviceTaint, DraRequest, SliceGpus
 

@@ -11,9 +11,9 @@ claim of another class, is left alone. Each GPU is a device with the consumable 
 (``4.5Gi`` consumes ``5Gi``, ``cores: 12`` consumes ``15``, ``0`` the minimum), and a request
 for a capacity the device does not publish (``gpu.sharegpu.io/memory``, ``gpus``) makes every
 device unmatchable, so the claim is never allocated. The slice's rules are in
-:mod:`sharegpu.resourceslices`.
+:mod:`sharegpu.dra.resourceslices`.
 
-**Refused** (:class:`~sharegpu.errors.ValidationError` naming the JSON path and the rule):
+**Refused** (:class:`~sharegpu.core.errors.ValidationError` naming the JSON path and the rule):
 
 - ``capacity.requests.memory`` that is not a quantity, below 1Gi, or not a whole number of GiB
   (the message says what it would consume);
@@ -57,10 +57,10 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Final
 
-from . import dra
+from ..core.errors import ValidationError
+from ..core.quantity import parse as parse_quantity
+from . import driver as dra
 from .draclaims import SHAREABLE
-from .errors import ValidationError
-from .quantity import parse as parse_quantity
 
 GROUP: Final = "resource.k8s.io"
 VERSION: Final = "v1"

@@ -23,10 +23,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import dra
+from ..core.errors import ValidationError
+from ..core.quantity import parse
+from . import driver as dra
 from .draclaims import SHAREABLE
-from .errors import ValidationError
-from .quantity import parse
 
 RESULTS = "status.allocation.devices.results"
 
@@ -256,7 +256,7 @@ class DraRequest:
     each with ``mem_gib`` GiB (``None``: the whole GPU, no capacity asked) and ``core`` percent.
 
     The rest says where it is written and what else narrows the GPUs it may take (the
-    extender's diagnosis of DRA pods that cannot be placed, :mod:`sharegpu.dradiagnosis`):
+    extender's diagnosis of DRA pods that cannot be placed, :mod:`sharegpu.dra.dradiagnosis`):
     ``index`` in ``spec.devices.requests``, ``memory`` as written, ``distinct`` (a constraint
     with ``distinctAttribute`` covers it: its ``count`` devices are different GPUs),
     ``shared_only`` (the webhook's selector ``device.allowMultipleAllocations == true``) and

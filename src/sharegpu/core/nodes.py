@@ -8,7 +8,7 @@
 - GPUs: ``sharegpu.io/gpu-mem`` lists each GPU's GiB (GPUs of one node may differ); without it
   ``aliyun.com/gpu-mem`` is split evenly over ``aliyun.com/gpu-count`` GPUs.
 - Card model: the ``aliyun.accelerator/nvidia_name`` label.
-- CPU and memory: ``status.allocatable`` (:func:`sharegpu.hostresources.node_allocatable`;
+- CPU and memory: ``status.allocatable`` (:func:`sharegpu.core.hostresources.node_allocatable`;
   unknown when absent or malformed).
 """
 
@@ -29,7 +29,7 @@ from .topology import matrix_from_kinds
 
 def quantity(v: Any) -> int:
     """A whole-number resource quantity from a node's status (0 when absent or not whole),
-    read with the Kubernetes grammar (:mod:`sharegpu.quantity`)."""
+    read with the Kubernetes grammar (:mod:`sharegpu.core.quantity`)."""
     return lenient_whole(v)
 
 

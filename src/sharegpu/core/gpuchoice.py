@@ -1,5 +1,5 @@
 """Choosing GPUs inside one node (core: below the state, which asks it whether a pod fits;
-``sharegpu.placement.gpus`` re-exports it for the policies).
+``sharegpu.core.placement.gpus`` re-exports it for the policies).
 
 Strategies: ``bestfit`` (= ACK ``binpack``: the GPU left with the least free memory that still
 fits, so one GPU fills before the next), ``spread`` (the GPU with the most free memory, then the
@@ -33,7 +33,7 @@ from .topology import best_set
 
 
 class GpuRows(Protocol):
-    """What the GPU choice reads of the cluster state (:class:`sharegpu.state.ClusterState`
+    """What the GPU choice reads of the cluster state (:class:`sharegpu.core.state.ClusterState`
     has it): per node, the GPU count, per GPU free and total memory, free compute and pods, the
     node's spec (its placement label and link matrix) and the per-GPU pod limit. A protocol,
     so that the state can ask this module whether a pod fits without the two importing each

@@ -1,0 +1,1 @@
+"""DRA mode's pure parts: the driver's names, ResourceSlices, claims and their rules. No I/O."""

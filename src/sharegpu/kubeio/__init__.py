@@ -1,0 +1,1 @@
+"""What the adapters share to talk to Kubernetes: kubeconfig, Events, asyncio, logging."""
