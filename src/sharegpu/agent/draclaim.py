@@ -1,10 +1,7 @@
-"""What a ResourceClaim's allocation gives this node's GPUs (``resource.k8s.io/v1``): the
-results of sharegpu's driver, checked rule by rule, grouped by request.
-
-Read from ``status.allocation.devices.results[]`` ({request, driver, pool, device,
-consumedCapacity, shareID}; k8s.io/api resource/v1 ``DeviceRequestAllocationResult``). Results
-of other drivers are left to them. Every refusal is a :class:`~sharegpu.core.errors.ValidationError`
-naming the field (with the result's index) and the rule. Pure: no I/O.
+"""What a ResourceClaim's allocation gives this node's GPUs: the results of sharegpu's driver
+(read by :mod:`sharegpu.dra.allocation`), held to what this node can prepare, grouped by
+request. Every refusal is a :class:`~sharegpu.core.errors.ValidationError` naming the field
+(with the result's index) and the rule. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -15,10 +12,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..core.errors import ValidationError
-from ..core.quantity import parse
 from ..dra import driver as dra
+from ..dra.allocation import RESULTS, AllocatedGpu, allocated_results, read_result
 
-RESULTS = "status.allocation.devices.results"
 # Kubernetes UIDs are RFC 4122 strings; the claim's UID names files, so nothing else is taken.
 _UID = re.compile(r"[0-9a-zA-Z][0-9a-zA-Z-]{0,62}", re.ASCII)
 
@@ -63,12 +59,6 @@ def check_uid(uid: Any) -> str:
     return uid
 
 
-def _str(field: str, value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise ValidationError(field, value, "must be a non-empty string")
-    return value
-
-
 def parse_claim(
     obj: Mapping[str, Any], *, uid: str, node: str, gpu_mem: Sequence[int]
 ) -> Claim:
@@ -82,16 +72,12 @@ def parse_claim(
             "metadata.uid", meta.get("uid"),
             f"must be the claim the kubelet prepares ({uid}): the claim was deleted and "
             "re-created under the same name")
-    status = obj.get("status")
-    alloc = status.get("allocation") if isinstance(status, Mapping) else None
-    if not isinstance(alloc, Mapping):
-        raise ValidationError("status.allocation", alloc, "must be set: the claim is not "
-                              "allocated (the scheduler allocates a claim before the kubelet "
-                              "prepares it)")
-    devices = alloc.get("devices")
-    results = devices.get("results") if isinstance(devices, Mapping) else None
-    if not isinstance(results, list):
-        raise ValidationError(RESULTS, results, "must be a list of allocation results")
+    results = allocated_results(obj)
+    if results is None:
+        status = obj.get("status")
+        raise ValidationError("status.allocation", status.get("allocation") if isinstance(
+            status, Mapping) else None, "must be set: the claim is not allocated (the scheduler "
+            "allocates a claim before the kubelet prepares it)")
     mine: list[ClaimDevice] = []
     seen: dict[str, int] = {}
     asked = _asked_cores(obj.get("spec"))
@@ -101,7 +87,7 @@ def parse_claim(
             raise ValidationError(at, r, "must be an object")
         if r.get("driver") != dra.DRIVER:
             continue
-        d = _device(r, at, i, node, gpu_mem)
+        d = _on_node(read_result(r, at, i), r, at, node, gpu_mem)
         if d.core is not None and not asked(d.request):
             # consumed by the request policy's default (every claim consumes at least 5 %, so
             # that at most 20 share a GPU), not asked for: accounting, no limit
@@ -152,58 +138,42 @@ def _asked_cores(spec: Any) -> Callable[[str], bool]:
     return lambda request: found.get(request, True)
 
 
-def _device(r: Mapping[str, Any], at: str, i: int, node: str,
-            gpu_mem: Sequence[int]) -> ClaimDevice:
-    request = _str(f"{at}.request", r.get("request"))
-    pool = r.get("pool")
-    if pool != dra.pool_name(node):
-        raise ValidationError(f"{at}.pool", pool,
+def _on_node(got: AllocatedGpu, r: Mapping[str, Any], at: str, node: str,
+             gpu_mem: Sequence[int]) -> ClaimDevice:
+    """Result ``r``, read as ``got``, held to what this node can prepare: its pool, one of its
+    GPUs, memory in whole GiB that fits the GPU, cores a whole percent."""
+    if got.pool != dra.pool_name(node):
+        raise ValidationError(f"{at}.pool", got.pool,
                               f"must be this node's pool {dra.pool_name(node)!r} (the driver "
                               "publishes one pool per node, named after it)")
-    device = r.get("device")
-    gpu = dra.device_index(device) if isinstance(device, str) else None
-    if gpu is None or gpu >= len(gpu_mem):
+    if got.gpu >= len(gpu_mem):
         have = (f"{dra.device_name(0)} to {dra.device_name(len(gpu_mem) - 1)}" if gpu_mem
                 else "none")
-        raise ValidationError(f"{at}.device", device,
+        raise ValidationError(f"{at}.device", got.device,
                               f"must name a GPU of node {node} ({have})")
-    share = r.get("shareID")
-    if share is not None:
-        share = _str(f"{at}.shareID", share)
-    mem, core = _capacity(r.get("consumedCapacity"), f"{at}.consumedCapacity", gpu_mem[gpu])
-    return ClaimDevice(i, request, pool, device, gpu, mem, core, share)
+    mem, core = (None, None) if got.whole else _capacity(
+        got, r["consumedCapacity"], f"{at}.consumedCapacity", gpu_mem[got.gpu])
+    return ClaimDevice(got.index, got.request, got.pool, got.device, got.gpu, mem, core,
+                       got.share_id)
 
 
-def _capacity(cap: Any, at: str, size_gib: int) -> tuple[int | None, int | None]:
-    if cap is None or cap == {}:
-        return None, None
-    if not isinstance(cap, Mapping):
-        raise ValidationError(at, cap, "must be a map of capacity name to quantity")
-    unknown = sorted(set(cap) - {dra.CAPACITY_MEMORY, dra.CAPACITY_CORES})
-    if unknown:
-        raise ValidationError(f"{at}.{unknown[0]}", cap[unknown[0]],
-                              f"unknown capacity: the driver's GPUs have {dra.CAPACITY_MEMORY} "
-                              f"and {dra.CAPACITY_CORES}")
+def _capacity(got: AllocatedGpu, cap: Mapping[str, Any], at: str,
+              size_gib: int) -> tuple[int, int | None]:
     field = f"{at}.{dra.CAPACITY_MEMORY}"
-    if dra.CAPACITY_MEMORY not in cap:
+    if got.memory is None:
         raise ValidationError(field, None, "must be set on a shared GPU (memory is what "
                               "isolation limits)")
-    q = parse(field, cap[dra.CAPACITY_MEMORY])
-    if q <= 0 or q % dra.MEMORY_STEP:
+    if got.memory <= 0 or got.memory % dra.MEMORY_STEP:
         raise ValidationError(field, cap[dra.CAPACITY_MEMORY],
                               "must be a whole number of GiB, more than 0 (the driver's "
                               "memory is consumed in steps of 1Gi)")
-    gib = int(q // dra.MEMORY_STEP)
+    gib = int(got.memory // dra.MEMORY_STEP)
     if gib > size_gib:
         raise ValidationError(field, cap[dra.CAPACITY_MEMORY],
                               f"must be at most the GPU's {size_gib}Gi")
-    core: int | None = None
-    if dra.CAPACITY_CORES in cap:
-        field = f"{at}.{dra.CAPACITY_CORES}"
-        c = parse(field, cap[dra.CAPACITY_CORES])
-        if c.denominator != 1 or not 1 <= c <= dra.CORES_PER_GPU:
-            raise ValidationError(field, cap[dra.CAPACITY_CORES],
-                                  f"must be a whole percent of the GPU, 1 to "
-                                  f"{dra.CORES_PER_GPU}")
-        core = int(c)
-    return gib, core
+    if got.cores is None:
+        return gib, None
+    if got.cores.denominator != 1 or not 1 <= got.cores <= dra.CORES_PER_GPU:
+        raise ValidationError(f"{at}.{dra.CAPACITY_CORES}", cap[dra.CAPACITY_CORES],
+                              f"must be a whole percent of the GPU, 1 to {dra.CORES_PER_GPU}")
+    return gib, int(got.cores)

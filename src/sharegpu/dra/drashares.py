@@ -26,9 +26,8 @@ from typing import Any
 from ..core.errors import ValidationError
 from ..core.quantity import parse
 from . import driver as dra
+from .allocation import RESULTS, allocated_results, read_result
 from .draclaims import SHAREABLE
-
-RESULTS = "status.allocation.devices.results"
 
 
 @dataclass(frozen=True)
@@ -200,20 +199,18 @@ def _tolerations(value: Any) -> tuple[Toleration, ...]:
 def claim_shares(obj: Mapping[str, Any], driver: str = dra.DRIVER
                  ) -> tuple[list[DraShare], list[str]]:
     """The GPUs a ResourceClaim was allocated of ``driver``'s (none when not allocated), with a
-    warning per result that cannot be read."""
+    warning per result that cannot be read (:func:`~sharegpu.dra.allocation.read_result`)."""
     if not isinstance(obj, Mapping):
         return [], ["a ResourceClaim left out: it is not a JSON object"]
     ns, name = _name(obj)
-    status = obj.get("status")
-    alloc = status.get("allocation") if isinstance(status, Mapping) else None
-    if not isinstance(alloc, Mapping):
-        return [], []
-    devices = alloc.get("devices")
-    results = devices.get("results") if isinstance(devices, Mapping) else None
-    if not isinstance(results, list):
+    try:
+        results = allocated_results(obj)
+    except ValidationError:
         return [], [f"ResourceClaim {ns}/{name} left out: {RESULTS} must be a list"]
+    if results is None:
+        return [], []
     pods: list[tuple[str, str]] = []
-    reserved = status.get("reservedFor") if isinstance(status, Mapping) else None
+    reserved = obj["status"].get("reservedFor")
     for r in reserved if isinstance(reserved, list) else []:
         if isinstance(r, Mapping) and r.get("resource") == "pods" and r.get("apiGroup") in (
                 None, "") and isinstance(r.get("name"), str):
@@ -224,29 +221,19 @@ def claim_shares(obj: Mapping[str, Any], driver: str = dra.DRIVER
         at = f"ResourceClaim {ns}/{name}: {RESULTS}[{i}]"
         if not isinstance(r, Mapping) or r.get("driver") != driver:
             continue
-        node, device = r.get("pool"), r.get("device")
-        gpu = dra.device_index(device) if isinstance(device, str) else None
-        if not isinstance(node, str) or not node or gpu is None:
-            warnings.append(f"{at} left out: pool must name a node and device must be "
-                            f"gpu-<index> (pool={node!r}, device={device!r})")
-            continue
-        cap = r.get("consumedCapacity")
-        mem: int | None = None
-        core: int | None = None
         try:
-            if isinstance(cap, Mapping) and cap:
-                if dra.CAPACITY_MEMORY in cap:
-                    mem = _gib(f"{at}.consumedCapacity.{dra.CAPACITY_MEMORY}",
-                               cap[dra.CAPACITY_MEMORY])
-                else:
-                    mem = 0
-                if dra.CAPACITY_CORES in cap:
-                    core = math.ceil(parse(f"{at}.consumedCapacity.{dra.CAPACITY_CORES}",
-                                           cap[dra.CAPACITY_CORES]))
+            got = read_result(r, at, i)
         except ValidationError as e:
-            warnings.append(f"{e}; that result is left out")
+            if e.field in (f"{at}.pool", f"{at}.device"):  # the result names no GPU of a node
+                warnings.append(f"{at} left out: pool must name a node and device must be "
+                                f"gpu-<index> (pool={r.get('pool')!r}, "
+                                f"device={r.get('device')!r})")
+            else:
+                warnings.append(f"{e}; that result is left out")
             continue
-        out.append(DraShare(ns, name, node, gpu, mem, core, tuple(pods)))
+        mem = None if got.whole else math.ceil((got.memory or 0) / dra.MEMORY_STEP)
+        core = None if got.cores is None else math.ceil(got.cores)
+        out.append(DraShare(ns, name, got.pool, got.gpu, mem, core, tuple(pods)))
     return out, warnings
 
 
