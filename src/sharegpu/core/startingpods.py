@@ -1,32 +1,9 @@
-"""Starting pods: bound to a node, not yet started by its kubelet, and which of them the kubelet
-cannot tell apart.
-
-The kubelet's device plugin calls (``GetPreferredAllocation``, ``Allocate``) name a resource and
-a number of devices, never the pod. The node agent therefore matches each call to a pending pod
-container by what the call asks for. While the kubelet admits pods one at a time in the order
-they were bound, the agent knows which comes first; when it admits several at once (a kubelet
-restart, a relist) it takes them by creationTimestamp, whose ties it breaks in no fixed order,
-and when kube-scheduler binds concurrently the bind order is not the assume order either. Two
-starting containers that ask the kubelet for the same thing — the same number of devices of
-the same resource — are then indistinguishable: whichever the kubelet admits first gets the
-decision the agent ranks first.
-
-What the agent knows is the kubelet's order *within* a pod: it admits one pod at a time and
-allocates that pod's containers in order. So a call made while a pod is partly handed out is
-that pod's, and any other call is some pod's *first* GPU container (:mod:`sharegpu.agent.allocate`).
-Only the first container's requests can be mistaken.
-
-The rule kept here makes that harmless. On one node, for every request the kubelet can make for
-a pod's first GPU container (a resource and a number of devices: ``aliyun.com/gpu-mem`` × 4,
-``nvidia.com/gpu`` × 1), all starting pods whose first container makes it must be *twins*: every
-container gets the same GPUs, the same memory and compute on each, the same isolation opt-out,
-and the pods ask the same in total. Whichever twin the kubelet admits first gets the decision
-the agent ranks first, which is, container by container, the environment and limits its own
-pod's decision says.
-
-The extender binds a pod only while it keeps the rule on its node (it waits, briefly, for the
-kubelet to start the pods it would be confused with); the agent marks a pod ``assigned`` once
-the kubelet has allocated it, which ends its starting. Pure bookkeeping: no I/O.
+"""Starting pods (bound to a node, not yet started by its kubelet) and the rule that keeps the
+kubelet from mistaking one for another: its device-plugin calls name a resource and a count,
+never the pod, so on one node the starting pods whose first GPU containers make the same request
+must be twins (the same GPUs, memory, compute and isolation opt-out for every container, the same
+total). The extender binds a pod only while it keeps the rule; why, and what it costs:
+docs/architecture.md, "Starting pods". Pure bookkeeping: no I/O.
 """
 
 from __future__ import annotations

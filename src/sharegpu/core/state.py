@@ -482,7 +482,7 @@ class ClusterState:
         return r
 
     def hold(self, req: PodRequest, node: int | str, alloc: Allocation) -> Reservation:
-        """Hold what another allocator already decided (a DRA claim's allocation, issue 21) as
+        """Hold what another allocator already decided (a DRA claim's allocation) as
         it is, bound: no rule is checked, since it holds the GPUs whatever the count says (it
         may over-commit; then nothing more fits there). Every GPU in ``alloc`` must exist."""
         i = self.index[node] if isinstance(node, str) else node

@@ -1,52 +1,11 @@
-"""What a user's own ResourceClaim or ResourceClaimTemplate may ask of sharegpu's DeviceClass
-(issue 21, bad input: "a size off the step"). Pure: the validating webhook
-(:mod:`sharegpu.webhook`) is the adapter.
-
-Only the requests of sharegpu's DeviceClass (``exactly.deviceClassName``, or a
-``firstAvailable[]`` subrequest's ``deviceClassName``) are read; every other request, and every
-claim of another class, is left alone. Each GPU is a device with the consumable capacities
-``memory`` (bytes; request policy min 1Gi, step 1Gi) and ``cores`` (percent; min 5, step 5, max
-100). kube-scheduler's allocator (k8s.io/dynamic-resource-allocation v0.37.2,
-``structured/internal/incubating``) does not refuse a request off those steps: it rounds it up
-(``4.5Gi`` consumes ``5Gi``, ``cores: 12`` consumes ``15``, ``0`` the minimum), and a request
-for a capacity the device does not publish (``gpu.sharegpu.io/memory``, ``gpus``) makes every
-device unmatchable, so the claim is never allocated. The slice's rules are in
-:mod:`sharegpu.dra.resourceslices`.
-
-**Refused** (:class:`~sharegpu.core.errors.ValidationError` naming the JSON path and the rule):
-
-- ``capacity.requests.memory`` that is not a quantity, below 1Gi, or not a whole number of GiB
-  (the message says what it would consume);
-- ``capacity.requests.cores`` that is not a whole multiple of 5 from 5 to 100 (above 100 fits
-  no GPU);
-- a capacity name other than ``memory`` and ``cores``;
-- two or more requests of the class in one claim that no ``distinctAttribute:
-  gpu.sharegpu.io/uuid`` (or ``/index``) constraint keeps apart: the allocator searches each
-  request from the first device, so two requests that fit one GPU get the same GPU (first fit
-  does that whenever it can), and the kubelet plugin refuses a GPU twice in one claim
-  (``agent/draclaim.py``: ``must appear once per claim``): the pod would never start;
-- a malformed structure (``requests`` not a list, a request not an object, ``count`` not a
-  positive integer): the API server's schema catches these first; here they are refused rather
-  than read as "nothing of ours" (never fail open).
-
-**Warned** (AdmissionReview ``warnings``: the object is admitted, ``kubectl`` prints them):
-
-- ``count`` > 1 without such a constraint. KEP-5075 says a shareable device may be allocated
-  more than once to one request, and draclaims adds the constraint for that reason; but the
-  1.37 allocator searches the next device of a request from the one after the last, so one
-  request never gets a device twice, and the claim works as written. Refusing it would refuse
-  what works; should a later allocator do it, the kubelet plugin refuses the claim at prepare
-  (fail closed, no over-commit).
-- a capacity request without the selector ``device.allowMultipleAllocations == true``: it may
-  be given a whole GPU of an exclusive (``default``/``topology``) node, which has no request
-  policy (works, but holds the whole GPU for a share).
-- ``allocationMode: All``: a share on every GPU of the node, and a node where one GPU lacks the
-  room does not fit; sharegpu's extender does not rank such a claim (works as written).
-- a toleration of sharegpu's own device taints: ``unhealthy`` lets the claim onto a GPU with a
-  critical XID; on ``isolation-unavailable`` the kubelet plugin still refuses a shared claim.
-
-Not checked here: a request larger than every GPU (the webhook has no view of the slices; the
-extender and kube-scheduler say it), the rest of the API server's own validation.
+"""What a user's own ResourceClaim or ResourceClaimTemplate may ask of sharegpu's DeviceClass.
+Refused, naming the JSON path and the rule: memory off the 1 GiB step, cores off the 5 % step,
+a capacity the GPUs do not publish, two requests of the class that no ``distinctAttribute``
+keeps on distinct GPUs, a malformed structure. Warned (admitted; works as written, maybe not as
+meant): ``count`` > 1 without such a constraint, a capacity request that may take a whole
+exclusive GPU, ``allocationMode: All``, a toleration of sharegpu's own device taints. Only the
+requests of sharegpu's DeviceClass are read. Pure: the validating webhook
+(:mod:`sharegpu.webhook`) is the adapter; docs/dra.md says why each rule is what it is.
 """
 
 from __future__ import annotations

@@ -1,23 +1,8 @@
-"""ACK's pod spec on a DRA node pool (issue 21 item 3): which pods are bound for the pool, and
-how their ``aliyun.com/gpu-mem`` / ``gpu-core.percentage`` / ``gpu-count`` turn into
-ResourceClaims. Pure: the mutating webhook (:mod:`sharegpu.webhook`) is the adapter that creates
-the templates and answers the API server.
-
-- **Bound for the DRA pool**: the pod's ``spec.nodeSelector`` has the pool label
-  (``sharegpu.io/dra: "true"`` by default), or every term of its required node affinity has
-  the expression ``<key> In [<value>]``. The webhook cannot know the node before scheduling;
-  the pod says where it goes, and kube-scheduler then keeps it there. Some but not all terms
-  naming the pool, or the key asked with another value as well, is refused as ambiguous.
-- **One claim per GPU container**, from a ResourceClaimTemplate named after its shape
-  (``sharegpu-4gi``, ``sharegpu-4gi-30pct``, ``sharegpu-4gi-30pct-x2``): one request ``gpu`` of
-  ``count`` = gpu-count devices of the DeviceClass, each with ``capacity.requests`` memory (the
-  per-GPU GiB) and, with gpu-core.percentage, ``cores``; the selector
-  ``device.allowMultipleAllocations == true`` (a capacity request could otherwise take a whole
-  exclusive GPU); with several GPUs the constraint ``distinctAttribute: gpu.sharegpu.io/uuid``
-  (a shareable device may otherwise be allocated twice to one request).
-- The pod's containers lose the extended resources (kube-scheduler would look for device-plugin
-  capacity, 0 on DRA nodes) and gain ``resources.claims``; ``spec.resourceClaims`` gains
-  ``sharegpu-c<container index>``. The pod's own claims are left as they are.
+"""ACK's pod spec on a DRA node pool: which pods are bound for the pool (their node selector, or
+every term of their required node affinity, names the pool label), and how their
+``aliyun.com/gpu-mem`` / ``gpu-core.percentage`` / ``gpu-count`` become one ResourceClaim per GPU
+container, from a ResourceClaimTemplate named after its shape. Pure: the mutating webhook
+(:mod:`sharegpu.webhook`) is the adapter; docs/dra.md says what the templates ask and why.
 """
 
 from __future__ import annotations

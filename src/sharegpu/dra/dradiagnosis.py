@@ -1,31 +1,10 @@
-"""Why no node of the DRA pool can take a pod (issue 21, bad input): the reasons, each naming the
-field and the rule, for a pod whose GPUs are ResourceClaims of sharegpu's driver and which
-kube-scheduler found unschedulable. Pure: no I/O (the extender's view feeds it and posts the
-Event, :mod:`sharegpu.extender.drastate`).
-
-kube-scheduler's DynamicResources plugin refuses such a pod before any extender is asked, with
-``0/4 nodes are available: 4 cannot allocate all claims`` or ``didn't match Pod's node
-affinity/selector``; this says which of the pod's fields no node of the pool can meet:
-
-- a request larger than every GPU (``memory``), more ``cores`` than a GPU has, more GPUs
-  (``count``, with ``distinctAttribute``) than any node has of that size, a shared GPU asked
-  (the webhook's selector ``device.allowMultipleAllocations == true``) where there is none;
-- ``spec.nodeName``, ``spec.nodeSelector`` or the required node affinity selecting no node of
-  the pool (standard matching: terms ORed, expressions ANDed, ``In``, ``NotIn``, ``Exists``,
-  ``DoesNotExist``, ``Gt``, ``Lt``; ``matchFields`` on ``metadata.name``), naming the nodes
-  outside the pool it does select;
-- every GPU that could hold a request carrying a device taint the claim does not tolerate
-  (``gpu.sharegpu.io/isolation-unavailable``, ``gpu.sharegpu.io/unhealthy``), with the fix;
-- requests that each fit some node but no node all together (a pod's claims are allocated on
-  the node it runs on);
-- a claim of the driver whose request sharegpu cannot read.
-
-Every reason is a necessary condition that fails on an **empty** pool: nothing is said of a pod
-that would fit some node were the pool empty (then it is full right now, which
-kube-scheduler's own message covers), nor of a pod one of whose claims is unknown yet,
-already allocated, or of another driver only. Claim request selectors other than the
-webhook's are not evaluated; they can only narrow the GPUs further (a miss, never a false
-reason).
+"""Why no node of the DRA pool can take a pod whose GPUs are ResourceClaims of sharegpu's driver
+and which kube-scheduler found unschedulable: each reason (a request larger than every GPU, a
+node selector or affinity naming no node of the pool, device taints the claim does not
+tolerate, requests that fit no node together, a request that cannot be read) names the field
+and the rule. Every reason fails on an empty pool, so a pod Pending only because the pool is
+full gets none. Pure: the extender (:mod:`sharegpu.extender.drastate`) feeds it and posts the
+Event.
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
-"""What DRA mode's objects say about who holds which GPU (issue 21): the GPUs a node publishes in
-its ResourceSlice, and the shares ResourceClaims were allocated on them. Read by
-``kubectl inspect cgpu`` (beside device-plugin pods) and by the extender (which must count DRA
-shares in a node's GPU state). Pure: no I/O.
-
-- A node's GPUs: the devices ``gpu-<index>`` of its slice of driver ``gpu.sharegpu.io``
-  (``spec.nodeName``; one pool per node), each with its ``memory`` capacity in bytes (GiB
-  here) and the ``mode`` attribute.
-- A claim's shares: the results of the driver in ``status.allocation.devices.results[]``,
-  on the node named by the pool; ``consumedCapacity`` ``memory`` (rounded up to GiB) and
-  ``cores`` (percent); a result without ``consumedCapacity`` holds the whole GPU. The pods
-  are those of ``status.reservedFor`` (resource ``pods``).
-
-Unlike the kubelet plugin (``agent/draclaim.py``), which refuses a claim it cannot prepare,
-these readers are lenient: a result or device that cannot be read is skipped with a warning
-naming the object, the field and the rule, and the rest is still counted.
+"""Who holds which GPU in DRA mode: the GPUs a node publishes in its ResourceSlice, the shares
+allocated claims hold on them (each result read by :mod:`sharegpu.dra.allocation`), and what a
+claim's requests ask. Read by ``kubectl inspect cgpu`` and the extender, leniently: what cannot
+be read is left out with a warning naming the object, the field and the rule, and the rest is
+still counted. Pure: no I/O.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
-"""Names shared by every part of sharegpu's DRA mode (issue 21): what the agent publishes in its
-ResourceSlices and what its kubelet plugin reads back from a claim's allocation. One place, so
-the two sides cannot drift apart.
-
-- The driver is ``gpu.sharegpu.io``; each node publishes one pool named after the node.
-- A GPU is the device ``gpu-<index>`` (its NVML index on the node).
-- A shared GPU has two consumable capacities: ``memory`` (bytes, allocated in steps of 1 GiB,
-  as the device plugins count it) and ``cores`` (percent of the GPU's compute, 1 to 100). A
-  result without ``consumedCapacity`` holds the whole GPU.
-- A GPU the agent must keep new claims off carries a device taint: ``<driver>/unhealthy`` or
-  ``<driver>/isolation-unavailable``.
-- The kubelet plugin answers with CDI devices of kind ``sharegpu.io/gpu``, named
-  ``<claim uid>-<device>``.
+"""The names every part of sharegpu's DRA mode shares: the driver (``gpu.sharegpu.io``, one pool
+per node, named after it), a GPU's device name (``gpu-<index>``, its NVML index), the consumable
+capacities ``memory`` (bytes, in steps of 1 GiB) and ``cores`` (percent, 1 to 100), the device
+taints that keep new claims off a GPU, and the CDI devices the kubelet plugin answers with.
+One place, so what the agent publishes and what is read back cannot drift apart.
 """
 
 from __future__ import annotations
