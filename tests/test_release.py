@@ -132,3 +132,11 @@ def test_run_blocks_take_secrets_from_env_and_fail_on_a_failed_pipe():
     for job in workflow()["jobs"]:
         for step in steps(job):
             assert "${{" not in step.get("run", ""), (job, step.get("name"))
+
+
+def test_the_test_job_keeps_gos_caches_between_runs():
+    (go,) = [s for s in workflow()["jobs"]["test"]["steps"]
+             if str(s.get("uses", "")).startswith("actions/setup-go")]
+    assert go["with"]["cache"] is True
+    assert go["with"]["cache-dependency-path"] == "e2e/**/go.sum"
+    assert sorted(p.relative_to(ROOT).as_posix() for p in ROOT.glob("e2e/**/go.sum"))
