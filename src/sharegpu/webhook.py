@@ -11,7 +11,7 @@ POST ``/validate`` takes an ``admission.k8s.io/v1`` AdmissionReview and answers 
 closed: the sample configuration uses ``failurePolicy: Fail``, and a review this service cannot
 read gets HTTP 400, which the API server treats as a refusal.
 
-POST ``/mutate`` (DRA mode, issue 21): a pod bound for the DRA node pool that asks for
+POST ``/mutate`` (DRA mode): a pod bound for the DRA node pool that asks for
 ``aliyun.com/gpu-mem`` is answered with the JSON patch of :func:`sharegpu.dra.draclaims.translate`,
 after the ResourceClaimTemplates it names exist in the pod's namespace (created here, once per
 shape; an existing one of another content is refused). With a scheduler to set (opt-in,

@@ -4,7 +4,7 @@
   only then report ready.
 - Watches resume from the last resourceVersion after a dropped connection; ``410 Gone``
   (too old) means a relist and a rebuild.
-- DRA mode (issue 21): ResourceSlices and ResourceClaims (``resource.k8s.io/v1``) are listed
+- DRA mode: ResourceSlices and ResourceClaims (``resource.k8s.io/v1``) are listed
   and watched too, so that DRA nodes have GPUs and allocated claims hold their shares. An API
   server without ``resource.k8s.io/v1`` (404) or an extender without the rights (403) is told
   once, at the first list, and the extender goes on without DRA, as before.

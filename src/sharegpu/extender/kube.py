@@ -19,7 +19,7 @@ from lightkube.config.client_adapter import ConnectionParams
 
 PODS = "/api/v1/pods"
 NODES = "/api/v1/nodes"
-SLICES = "/apis/resource.k8s.io/v1/resourceslices"  # DRA mode (issue 21)
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"  # DRA mode
 CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
 
 

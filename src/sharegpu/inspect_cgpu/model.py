@@ -10,7 +10,7 @@ per-node, per-GPU view that ``kubectl inspect cgpu`` prints. Pure: no I/O.
 - Objects that cannot be read (a bad label, a malformed annotation) are left out with a warning
   naming the object, the field and the rule; the others are still shown.
 
-DRA mode (issue 21; docs/dra.md, "inspect"): a node that publishes a ResourceSlice of driver
+DRA mode (docs/dra.md, "inspect"): a node that publishes a ResourceSlice of driver
 ``gpu.sharegpu.io`` is shown with the slice's GPUs (their ``memory`` capacity; the node's total
 is their sum, since a DRA node advertises no ``aliyun.com/gpu-mem``). Every ResourceClaim
 allocated on its GPUs counts, as a pod does, in the GPU's allocated memory and compute and its
