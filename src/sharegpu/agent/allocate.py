@@ -1,28 +1,9 @@
 """Allocate: which pod container a kubelet request belongs to, and what that container gets.
 
-The kubelet's Allocate names devices, never the pod. The scheduler recorded its decision on the
-pod (annotations, per container), so the agent maps each ``ContainerAllocateRequest`` to the
-pending (not yet assigned) pod container on this node whose recorded GPUs match the request:
-
-1. a request's *signature* is what it holds on each GPU — GiB per GPU for ``gpu-mem``, percent per
-   GPU for ``gpu-core.percentage``, one per card for whole cards — read from the device IDs;
-2. a candidate matches exactly when its recorded signature equals the request's (the kubelet
-   takes the devices :meth:`Allocator.preferred` steered it to), otherwise when the totals agree
-   (the fake devices only count: the GPUs come from the annotation);
-3. the kubelet admits one pod at a time and allocates its containers in order: while a pod is
-   partly handed out, the request is that pod's; otherwise it is some pod's first GPU
-   container, so only first containers match (when nothing matches so, any pending container);
-4. among matches: first the other half of a container already matched by the other resource
-   (a ``core_mem`` container is allocated once for memory and once for compute), then the next
-   container of a pod already partly handed out, then the earliest assume-time; ties by
-   namespace/name and container index. Pods that the scheduler keeps apart
-   (:mod:`sharegpu.core.startingpods`) get their own decisions in any admission order;
-5. all of this under one lock, with a ledger of what was handed out, so concurrent calls never
-   hand the same pod container out twice.
-
-Whole-card resources whose pod carries no decision (a plain ``nvidia.com/gpu`` pod) get the
-cards the kubelet chose. A shared request that matches no pending pod fails the container with a
-reason; no container is ever given a ``NVIDIA_VISIBLE_DEVICES`` that names no GPU.
+The kubelet's Allocate names devices, never the pod: each ``ContainerAllocateRequest`` is matched
+to the pending pod container on this node whose recorded decision holds the same on each GPU,
+under one lock with a ledger so that no container is handed out twice. The matching rules and
+their order: docs/agent.md ("How Allocate finds the pod").
 """
 
 from __future__ import annotations

@@ -1,43 +1,7 @@
 """What a container gets besides its GPUs: the environment and mounts of the node's isolation
-back-end (SPEC §6), and the cGPU compute policy that decides how compute is shared.
-
-- ``hami`` (modes ``cgpu`` and ``core_mem``): HAMi-core's ``libvgpu.so`` mounted at
-  ``/usr/local/vgpu/libvgpu.so`` in the container (where HAMi mounts it, and the path HAMi-core
-  opens to find its own hooks) and preloaded from there, by ``LD_PRELOAD`` and by the loader's
-  own list ``/etc/ld.so.preload`` (a file the agent writes, mounted read-only: the pod's own
-  ``LD_PRELOAD`` would replace the agent's); ``CUDA_DEVICE_MEMORY_LIMIT_<i>`` per visible GPU
-  and, when the container's compute is capped, ``CUDA_DEVICE_SM_LIMIT`` with
-  ``GPU_CORE_UTILIZATION_POLICY=force``.
-- ``mps`` (mode ``mps``): the MPS client limits ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` and
-  ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, with the control daemon's pipe directory and its shared
-  memory directory (as ``/dev/shm``) mounted.
-- ``hami-mps`` (opt-in for ``core_mem``: ``--isolation hami-mps`` or ``--core-mem-isolation
-  hami-mps``): both limits for the whole container. Memory is HAMi-core's container-wide limit
-  (the library, the preload list and ``CUDA_DEVICE_MEMORY_LIMIT_<i>`` as for ``hami``, with
-  ``GPU_CORE_UTILIZATION_POLICY=disable`` and no ``CUDA_DEVICE_SM_LIMIT``: HAMi-core's own
-  launch throttle stays off so the two never fight); compute is MPS's
-  ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` through the node's MPS control daemon (pipe directory
-  and ``/dev/shm`` mounted as for ``mps``), and ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` at the
-  same figure binds each process as well, should a process escape the preload. Every isolated
-  container of the node is an MPS client, including one that asked no compute: a CUDA context
-  outside MPS would time-slice with the MPS server and break the caps of its clients.
-- ``none`` (mode ``share``, ``CGPU_DISABLE=true`` on the container, node label
-  ``cgpu.disable.isolation=true``): only the GPUs.
-
-Inside the container the visible GPUs are numbered 0..k-1 in ascending host index order
-(``CUDA_DEVICE_ORDER=PCI_BUS_ID`` keeps CUDA's numbering the same as NVML's), so limit ``<i>``
-belongs to the i-th GPU of the container.
-
-Compute policies (ACK's cGPU ``policy``, 0-5) and what each back-end can do with them:
-
-- 5 native (the default): compute is shared by the GPU's own scheduler; only a container that
-  asked for compute (``core_mem``) is capped, at what it asked.
-- 3 fixed share: every container is capped: at the percentage it asked, or, when it asked none
-  (``cgpu``, ``mps``), at its share of the GPU's memory (rounded up to a whole percent).
-- 0 even time slices, 1 preemptive, 2 weighted preemptive and 4 soft (lending idle compute)
-  need a time-slice scheduler in the driver; HAMi-core only throttles kernel launches against a
-  cap and MPS only caps the SMs a client may use, so neither can honour them: they are refused
-  when the agent starts.
+back-end (``hami``, ``mps``, ``hami-mps`` or ``none``; SPEC §6), and the cGPU compute policy
+that decides how compute is shared. What each back-end sets and holds, and which compute
+policies it can honour: docs/agent.md ("Isolation") and docs/isolation.md.
 """
 
 from __future__ import annotations

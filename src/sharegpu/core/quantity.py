@@ -1,27 +1,9 @@
 """Kubernetes resource quantities, parsed as the API server parses them
 (``k8s.io/apimachinery/pkg/api/resource``), once for every entry point: pod requests (webhook,
-extender, agent, simulator), node status (extender, inspect).
-
-Grammar::
-
-    quantity     ::= signedNumber suffix
-    signedNumber ::= number | ("+" | "-") number
-    number       ::= digits | digits "." digits | digits "." | "." digits
-    digits       ::= ASCII "0".."9", one or more
-    suffix       ::= binarySI | decimalSI | decimalExponent
-    binarySI     ::= "Ki" | "Mi" | "Gi" | "Ti" | "Pi" | "Ei"
-    decimalSI    ::= "n" | "u" | "m" | "" | "k" | "M" | "G" | "T" | "P" | "E"
-    decimalExponent ::= ("e" | "E") signedNumber
-
-Only ASCII digits count (``str.isdigit`` would take ``"²"`` or the Arabic-Indic ``"٤"``); no
-spaces inside. Whitespace around a quantity is dropped, as the API server drops it: its
-decoders parse ``strings.TrimSpace`` of the value (whitespace being Go's ``unicode.IsSpace``:
-:data:`SPACE`). Its JSON decoder trims the raw JSON text, so a space is dropped there but an
-escaped ``\\n`` is not (the request is refused before admission); its CBOR decoder trims the
-decoded string, as this module does, so ``"4\\n"`` is 4 here: a value the API server stored is
-never refused. Values are exact (:class:`fractions.Fraction`), and a quantity beyond the API
-server's limit (2^63 - 1 in its base unit) is refused, so ``"9" * 5000`` cannot exhaust
-anything.
+extender, agent, simulator), node status (extender, inspect). Values are exact
+(:class:`fractions.Fraction`), whitespace around a value is dropped as the API server drops it
+(:data:`SPACE`), and a value past the API server's limit is refused. The grammar and the
+whitespace rule: docs/webhook.md.
 """
 
 from __future__ import annotations

@@ -3,25 +3,8 @@
 Pure: GPUs in, one ResourceSlice object out, checked against the rules the API server applies
 (``k8s.io/kubernetes`` v1.37 ``pkg/apis/resource/validation``), so that bad GPU data is refused
 here with the field and the rule, and nothing is published. The agent's adapter
-(:mod:`sharegpu.agent.slicepublisher`) writes it.
-
-Each GPU is one device named ``gpu-<index>``:
-
-- attributes (in the driver's domain): ``model`` (string), ``uuid`` (string), ``index`` (int),
-  ``memoryMiB`` (int, NVML's total), ``nvlinkPeers`` (string: the indices of the GPUs it has
-  NVLink to, comma-separated, ascending; ``""`` for none — list attributes need the alpha gate
-  ``DRAListTypeAttributes``), ``mode`` (string: the node's ``ack.node.gpu.schedule`` mode);
-- capacities: ``memory`` (bytes: the GiB the GPU is advertised with, the unit of
-  ``aliyun.com/gpu-mem``) and ``cores`` (percent, 100);
-- on a shared-mode node (cgpu, core_mem, share, mps) ``allowMultipleAllocations: true``, and each
-  capacity a ``requestPolicy``: ``validRange{min: step, max: total, step}`` with ``default`` the
-  minimum (memory in steps of 1 GiB, cores in steps of 5 as ``core_mem``), so at most 20 claims
-  share a GPU, as at most 20 pods do; on an exclusive or topology node the device is allocated
-  whole (no ``allowMultipleAllocations``, no ``requestPolicy``: the API server forbids one
-  without the other);
-- a GPU that is unhealthy, or whose isolation back-end is not usable, carries a ``NoSchedule``
-  device taint (``gpu.sharegpu.io/unhealthy``, ``gpu.sharegpu.io/isolation-unavailable``): new
-  claims stay off it, claims already allocated keep it.
+(:mod:`sharegpu.agent.slicepublisher`) writes it. The devices, attributes, capacities, request
+policies and taints: docs/dra.md ("The ResourceSlice").
 """
 
 from __future__ import annotations

@@ -1,29 +1,10 @@
 """Bind: reserve GPUs with the core, then create the binding that records them on the pod.
 
-Order (the reservation and the starting-pods check each happen in one step of the event loop,
-so binds to one node need no lock and one waiting for the kubelet holds up no other):
-1. read the pod (its uid, whether it is already bound, its resourceVersion), or take what
-   filter saw of it (:meth:`Binder.hint`);
-2. choose GPUs with the core's policy and hold them in the view (in flight), or confirm what
-   filter held for the pod (:mod:`.picks`);
-3. wait, at most ``start_wait`` seconds, until no pod starting on the node asks the kubelet for
-   the same devices with another placement (:mod:`sharegpu.core.startingpods`: the kubelet's device
-   plugin calls name no pod, so such pods could get each other's GPUs); the pod counts as
-   starting from here on;
-4. create the binding: one write, a raw POST whose metadata carries the decision's annotations
-   of both generations and the pod's uid and resourceVersion as preconditions, so that
-   kube-apiserver sets ``nodeName`` and the annotations in one update, or refuses (409) a pod
-   that changed since it was read.
-A pod that a ResourcePolicy selects also gets its unit checked and counted at 2 and the unit's
-annotations in the binding (its labels, which a Binding carries only where kube-apiserver's
-PodTopologyLabelsAdmission is on, in a patch before it) (:mod:`.resourcepolicies`); a pod
-without GPUs (sent by the co-scheduler profile for its ResourcePolicy) skips 2 and 3.
-A bind has ``bind_timeout`` seconds (below kube-scheduler's ``httpTimeout``) to create the
-binding: past it, it gives up without writing, as kube-scheduler has counted it failed and will
-place the pod again. Any failure after 2 releases the hold and answers an ``Error``, so
-kube-scheduler retries. A binding that failed on the wire may still have been made: the pod is
-read back before the hold is given up. A bind for a pod already bound to the same node is
-answered as a success.
+Read the pod (or take what filter saw), hold its GPUs, wait until no pod starting on the node
+could be mistaken for it (:mod:`sharegpu.core.startingpods`), then create the binding in one
+write with the pod's uid and resourceVersion as preconditions. Any failure releases the hold
+and answers an ``Error``, so kube-scheduler retries. The steps, the time limits and what a
+failure leaves: docs/extender.md ("Bind").
 """
 
 from __future__ import annotations

@@ -2,30 +2,8 @@
 ResourceClaims hold on them, and a DRA pod's claims read as the GPU request the policy scores.
 One feature object, :class:`DraState`, over the cluster cache (:mod:`.cache`: it is the cache's
 ``gpus`` port); synchronous and free of I/O (the informer feeds it ``resourceslices`` and
-``resourceclaims`` events).
-
-- **Nodes.** A node in the DRA pool advertises no device-plugin GPU resources; its GPU row is
-  built from its slice of driver ``gpu.sharegpu.io`` (:func:`sharegpu.dra.drashares.slice_gpus`:
-  each device's ``memory`` capacity in GiB, the ``mode`` attribute) with the Node's CPU, memory
-  and labels. A node with a slice is a DRA node even when it also shows device-plugin GPUs.
-- **Claims.** Every claim of the driver is read once per event: its requests
-  (:func:`~sharegpu.dra.drashares.claim_requests`) and, once allocated, its shares
-  (:func:`~sharegpu.dra.drashares.claim_shares`: ``consumedCapacity`` per GPU), held in the
-  state under the key ``<namespace>/claim:<name>`` (a pod name cannot hold ``:``) next to the
-  device-plugin pods, with no rule checked (the allocation is a fact). A changed allocation
-  is released and held again; a deleted or deallocated claim is released. Nothing scans pods.
-- **A DRA pod** (``spec.resourceClaims`` naming claims of the driver, directly or through a
-  template whose generated claim ``status.resourceClaimStatuses`` names) asks, per claim
-  request, ``count`` GPUs with its ``memory`` (GiB, the 1 GiB step) and ``cores`` (rounded up
-  to the 5 % step, at least 5 %: every claim consumes at least the request policy's minimum) —
-  a :class:`DraPodRequest`, scored by the policy only on DRA nodes. A pod whose claims are all
-  known, not yet allocated and of this driver is ranked; otherwise (a claim not seen yet, one
-  already allocated, a whole-GPU request) it passes every node with score 0 as before.
-- **A DRA pod kube-scheduler cannot place** (``PodScheduled=False``, reason ``Unschedulable``,
-  not bound): :func:`sharegpu.dra.dradiagnosis.diagnose` says which of its fields no node of the
-  pool can meet, and ``on_dra_unschedulable`` is told (the replica's leader posts the Event).
-  Only such pods are kept (``dra_waiting``), with the claims they name: asked again when one of
-  their claims or a slice changes, and dropped once they are bound, schedulable or gone.
+``resourceclaims`` events). How nodes, claims, DRA pods and the pods kube-scheduler cannot place
+are read: docs/dra.md ("The extender and DRA pods").
 """
 
 from __future__ import annotations

@@ -1,28 +1,8 @@
 """Gang scheduling in the extender: the groups as the informer shows them, the GPU shares held
-for a group's pods while they wait, and the hooks the view asks first for a gang's pod
-(``filter``, ``prioritize``, ``reserve``, ``held_node``, ``holds_own``, ``bind_failed``,
-``bound``; ``on_pod``, ``on_pod_deleted``, ``after_reset``). A verb's hook answers for a gang's
-pod and returns ``None`` for any other, which the plain answers (:mod:`.answers`) then take.
-
-How a group is placed (see docs/gang.md):
-
-- kube-scheduler asks filter for a pod of a group whose min-available is not yet met (bound pods
-  plus held pods). The view plans the whole group at once against the current state
-  (:func:`sharegpu.core.gang.plan`, the same policy code as a single pod), among the nodes
-  kube-scheduler passed: either at least ``need`` pods get a place, each held in the state as an
-  in-flight reservation tagged with the group, or nothing is held and the filter fails every node
-  with a reason naming the group (``gang ns/train: 5 of 8 pods fit; min-available 8``).
-- A held pod passes the filter on its held node only; its bind takes the held GPUs (the binder's
-  :meth:`reserve` returns the hold), writes them as annotations and binds, like any pod.
-- Holds of a group that is not fully bound ``timeout`` seconds after they were made (the
-  PodGroup's ``scheduleTimeoutSeconds``, else :data:`sharegpu.core.gang.DEFAULT_TIMEOUT_S`) are all
-  released; a pod deleted while held releases its hold.
-- Only a view that may bind (the leader, ``gang_may_hold``) holds shares. Elsewhere the plan is
-  a dry run, released at once: the filter still says whether and where the group fits, and the
-  leader's bind plans again (with the pod pinned to the node kube-scheduler chose).
-
-Holds are in memory: a leader change or a restart drops them, which is safe (nothing of an
-unbound pod is written anywhere; the group is planned again).
+for a group's pods while they wait, and the hooks the view asks first for a gang's pod. A
+verb's hook answers for a gang's pod and returns ``None`` for any other, which the plain
+answers (:mod:`.answers`) then take. How a group is planned, held, timed out and released, and
+what a leader change does: docs/gang.md ("How it works").
 """
 
 from __future__ import annotations

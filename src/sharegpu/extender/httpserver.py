@@ -1,35 +1,10 @@
 """The extender's HTTP/1.1 server: asyncio, with httptools (llhttp, Node.js's parser) parsing.
 
-kube-scheduler calls filter and then prioritize for one pod at a time and waits for each answer,
-so the server's own cost per request sits on its scheduling path. Per request of 7 KB this server
-takes about 50 µs of CPU and aiohttp about 120 µs (``bench/http_overhead.py``). It does what the
-extender needs and no more:
-
-- keep-alive, HTTP/1.0 and ``Connection: close``; pipelined requests answered in order;
-- request bodies by ``Content-Length`` or chunked, at most ``max_body`` bytes (413 beyond);
-  headers at most ``max_header`` bytes (431); ``Expect: 100-continue``;
-- 400 for a request that does not parse, 404 for an unknown path, 405 for a wrong method;
-- TLS through the listening socket's ``ssl.SSLContext``;
-- limits on what a client controls: a request must arrive whole within ``request_timeout``
-  (408 and close: a slowloris cannot hold a connection), a connection idle for
-  ``idle_timeout`` is closed, and at ``max_connections`` the longest-idle (or stalled)
-  connection makes room for the new one, so a fresh probe (``/healthz``) is always served;
-- the process's descriptor limit (``RLIMIT_NOFILE``) counts too: connections may take the
-  descriptors free at start less ``fd_headroom``, and beyond that the longest-idle one makes
-  room, so ``accept()`` keeps finding a descriptor (for ``/healthz``, a probe server beside
-  this one, the API client); should it fail with EMFILE all the same, an idle connection is
-  closed and accepting goes on at the loop's next turn (asyncio's server waits a second);
-- an error answered before the request was read whole (413, 408, a request that does not
-  parse) is followed by a lingering close: the server stops writing (a TCP half-close), reads
-  and discards what the client still sends, at most ``LINGER_BYTES`` for ``LINGER_TIME``
-  seconds, then closes. Closing at once, with the client's bytes unread, would reset the
-  connection, and a client still sending its body would never read the answer.
-
-A handler is a plain function, answered in the callback that completed the request (no task),
-or a coroutine function, run as a task while later requests on that connection wait. A handler
-that raises gets a 500 with the error named and the connection goes on serving. A running
-handler is never cancelled because its client left (a bind must finish or undo what it did,
-whoever is listening); :meth:`HttpServer.close` waits for running handlers.
+It does what the extender needs and no more (keep-alive, pipelining, chunked bodies, TLS), with
+limits on everything a client controls (body, headers, time, connections, descriptors) and a
+lingering close after an early error. A handler is a plain function or a coroutine function; a
+running handler is never cancelled because its client left. The limits and the reasons for
+them: docs/extender-http.md.
 """
 
 from __future__ import annotations

@@ -2,47 +2,8 @@
 
 The decisions (``decide_*``) are pure functions over what the probes measured; ``run_check``
 starts the probes (:mod:`.probe`) with the environment the node agent's Allocate returns for the
-request (:func:`sharegpu.agent.isolation.isolation_env`), translated to host paths.
-
-Memory, in MiB, with ``limit`` the request's GiB x 1024 (a limit larger than the GPU, as a
-whole-card request on a card ACK rounds up, adds a failing ``limit fits the GPU`` row):
-
-1. ``memory seen``: the total the probe sees (``cuMemGetInfo_v2``) equals the limit (±1 %).
-   MPS reports the device's total and shows the limit in ``free``, so for ``mps`` it is
-   ``free`` at start plus the probe's own context (measured without the limits); ``hami-mps``
-   shows HAMi-core's view, as ``hami``.
-2. ``all of the limit reachable``: the largest allocation that succeeds plus what the probe used
-   at start equals the limit (±1 %): all of it can be had, and no more.
-3. ``allocation past the limit``: 1 MiB more than the largest fails with
-   CUDA_ERROR_OUT_OF_MEMORY, and ``survives``: after freeing, 1 MiB can be had again.
-4. two processes of one container: while A holds about half the limit, B sees ``free`` = limit -
-   A's usage - B's own context (±1 %), and ``A + B`` at B's largest stays within the limit (+1 %).
-
-``--fill``: as many pods of the request as the scheduler places on the GPU (its GiB, as the
-agent advertises it, over the request's) start one after another, each taking the largest
-allocation it can get and holding it: ``fill: within limits``, no pod's usage (context
-included) is past its limit (+1 %); ``fill: limit reached``, every pod got its limit (-1 %),
-which fails where the GPU's real memory is less than the pods' limits together (an 81,559 MiB
-card advertised as 80 GiB holds four 20 GiB pods only on paper); ``fill: past the limit``, 1 MiB
-more fails with CUDA_ERROR_OUT_OF_MEMORY in every pod, and ``fill: survives``, each pod can
-allocate again after letting go.
-
-Compute (only with ``--core P``, P < 100): pods with P % and 100-P % launch the same kernel on
-one GPU at the same time; the first's share of the kernels completed is P (±5 points). The
-kernel is a fixed amount of arithmetic (``burn``) on a grid sized from the whole GPU (the same
-in both pods: MPS shows a client only its share of the SMs), so what each pod completes is the
-work the GPU did for it; ``--compute-kernel spin`` uses a busy loop on the clock instead.
-
-``--compare``: kernel launches and allocations+frees per second with the library (memory limit,
-no compute cap) over the same without it: ratios, no target.
-
-``--crash``: a pod (P %) dies while a neighbour pod (100-P %) computes on the same GPU, twice:
-killed mid-kernel (SIGKILL), then by a fatal fault of its own (a kernel storing to address 0,
-``CUDA_ERROR_ILLEGAL_ADDRESS``). ``crash.<how>.cause``: the crash happened as meant;
-``crash.<how>.neighbour``: the neighbour kept computing to its end; ``crash.<how>.after``: a pod
-started afterwards computes. Where the back-end uses MPS, the neighbour's row after a fault has
-no target: MPS's documentation says a client's fatal fault reaches every client on its GPU, and
-the row measures what happened.
+request (:func:`sharegpu.agent.isolation.isolation_env`), translated to host paths. The checks,
+what each measures and when it holds: docs/agent.md ("Checking it on a node").
 """
 
 from __future__ import annotations

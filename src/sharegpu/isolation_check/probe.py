@@ -2,30 +2,8 @@
 
 Run as ``python -m sharegpu.isolation_check.probe ACTION [options]``; it prints JSON lines on
 stdout (the last one is the result) and exits 0, or prints ``{"error": ...}`` and exits 3.
-Only the standard library is used, so it starts fast and runs under any interposer.
-
-The driver is ``ctypes.CDLL("libcuda.so.1")`` and every function is looked up through that
-handle (``dlsym``), which is how CUDA interposers such as HAMi-core's ``libvgpu.so`` (preloaded
-with ``LD_PRELOAD``, overriding ``dlsym``) put their hooks in front of the driver.
-
-Actions:
-
-- ``info``: the device's name, total memory, multiprocessors and the driver version, and
-  ``cuMemGetInfo`` right after the context was made.
-- ``mem``: total/free at start, the largest allocation that succeeds (binary search, 1 MiB
-  steps, up to ``--upper-mib``), the allocation past it, and whether the process survives it.
-- ``hold``: allocate ``--mib`` MiB, print a ready line, hold it until stdin closes (or
-  ``--timeout``).
-- ``fill``: take the largest allocation there is (as ``mem``) and hold it, with a ready line
-  saying what it got and what 1 MiB more gave, until stdin closes; then 1 MiB again.
-- ``spin``: launch the busy-loop kernel (``--kernel burn``: the multiply-add kernel) and
-  synchronize, over and over, for ``--seconds``
-  (after ``--settle`` seconds not counted); with ``--wait-go`` it prints a ready line first and
-  starts when a line arrives on stdin.
-- ``allocspeed``: allocate and free ``--mib`` MiB for ``--seconds``; allocs+frees per second.
-- ``fault``: load a kernel that stores to address 0 (with ``--wait-go``: print a ready line and
-  wait for a line on stdin), wait ``--seconds``, launch it and synchronize: the error the
-  driver answered (a fatal fault of the context: ``CUDA_ERROR_ILLEGAL_ADDRESS``).
+Standard library only, with every driver function looked up through the ``libcuda.so.1``
+handle, where interposers such as HAMi-core put their hooks. The actions: docs/agent.md.
 """
 
 from __future__ import annotations

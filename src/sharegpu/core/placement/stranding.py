@@ -1,27 +1,9 @@
 """What a node's free GPUs are worth to the pods still to come, counting CPU, memory and models.
 
-For a pod shape ``t`` of the history (per-GPU share ``m``, ``k`` GPUs, CPU ``c``, memory ``r``,
-allowed models) and one node:
-
-* ``gpu_t`` = GPU that pods of ``t`` could use: the sum of the free amounts ``L_i >= m``
-  (0 unless at least ``k`` GPUs qualify and the node's model is allowed);
-* ``cap_t`` = how many pods of ``t`` the node's free CPU and memory still admit,
-  ``min(cpu // c, mem // r)``; the GPU they could take is ``cap_t · k · m``;
-* usable ``u_t = min(gpu_t, cap_t · k · m)``.
-
-Two measures are built on it, each a sum over shapes weighted by ``p_t · w_t`` where ``p_t`` is
-the shape's share of the history and ``w_t`` its *scarcity* (all GPUs / GPUs on nodes that could
-host ``t`` at all, capped): a shape that only a few nodes can host weighs more, since losing one
-of them costs it a larger share of its homes.
-
-* ``resources``: ``R = Σ p_t w_t (gpu_t − u_t)``, the GPU that shape ``t`` could use were it
-  not for the node's CPU or memory running out first. FGD's fragmentation misses this: a node
-  with 6 free GPUs and CPU left for one pod strands 5 of them, yet FGD sees no fragment.
-* ``claim``: ``V = −Σ p_t w_t u_t`` over the model-restricted shapes only: the capacity that
-  pods which may run on a few GPU models only can still use here. A placement that eats it
-  costs more when it sits on a scarce model.
-
-Units are the state's GPU memory units (milli-GPU in the simulator).
+For each pod shape of the history, the GPU it could use on a node against what the node's free
+CPU and memory still admit, weighted by the shape's frequency and scarcity, gives two measures:
+``resources`` (GPU stranded by CPU or memory running out first) and ``claim`` (the capacity left
+to model-restricted shapes). Definitions and units: docs/strand.md ("The idea").
 """
 
 from __future__ import annotations

@@ -1,26 +1,10 @@
 """strandfill: strandlp, with a node's gaps priced only while the node can still fill them.
 
-strandlp prices a move by what it costs an optimal packing of the prior's shares: the worth
-``K(g)`` of the free amount ``g`` on each GPU (:mod:`..shareprices`). That worth is real only
-while some pod that would fill ``g`` can still come to the node: a 350 gap beside a 650 is worth
-a 320 to come, but not on a node whose CPU is down to 2 cores, where no 320 (4 cores) fits any
-more. Most of what strandlp leaves above the LP's packing on openb ``default`` is exactly that:
-gaps, and a few whole GPUs, on nodes whose CPU ran out first.
-
-So a node's worth is ``N = Σ_i K(g_i) · live_i``: a GPU's free amount counts while more than
-:data:`LIVE` of the pods that could use it (the prior's shapes that fit ``g_i`` and are worth
-something, weighted by frequency × price × GPUs) still fit the node's free CPU, memory and card
-model; a whole free GPU is worth 1 (a whole-GPU pod). A move of a pod worth ``y`` (its share's
-price, ``k`` for a pod on ``k`` whole GPUs, 0 for a CPU-only pod) gives up
-``loss = N(before) − y − N(after)``: strandlp's loss where CPU and memory do not bind, and on a
-node where they do, also what the pod's CPU and memory cut off (a 470 asking for 12 cores on a
-node left with two whole GPUs and 14 cores kills both). Unlike strandlp, every pod is priced
-this way, not only shares. The score is strand's minus :data:`.strandlp.WEIGHT` times the loss
-rounded to :data:`.strandlp.LOSS_QUANTUM`: the loss decides first, strand among equal losses.
-
-``N`` reads a node's own row only (free GPU amounts, CPU, memory, model), so it is kept beside
-strand's measures of the row (one key, one look-up), and the extender's row-local scoring
-applies. See docs/strandfill.md.
+A node is worth ``N = Σ_i K(g_i) · live_i``: each GPU's free amount at strandlp's LP price
+(:mod:`..shareprices`) while more than :data:`LIVE` of the pods that could use it still fit the
+node's free CPU, memory and card model. A move's score is strand's minus
+:data:`.strandlp.WEIGHT` times its loss ``N(before) − y − N(after)``, rounded to
+:data:`.strandlp.LOSS_QUANTUM`. Why, and what it was measured to do: docs/strandfill.md.
 """
 
 from __future__ import annotations
