@@ -317,6 +317,35 @@ def test_faults_with_pods_running(real_release: RealNodeCluster, gpu_node: RealN
         delete_batch(cluster, prefix)
 
 
+def test_mode_changed_by_label_while_pods_run(real_release: RealNodeCluster,
+                                             gpu_node: RealNode) -> None:
+    """The node's mode changed by label (cgpu -> share) with cgpu pods running: they keep
+    running (same pods, no restart), the node advertises the new mode, pods of the new mode
+    start with its shares beside them, and no GPU holds more than it has."""
+    cluster, cp = real_release, real_release.cp
+    set_mode(cluster, gpu_node, "cgpu")
+    running = run_batch(cluster, gpu_node, "cgpu", "mc-cgpu", SHARED[1:4])
+    before = {p["metadata"]["name"]: (p["metadata"]["uid"],
+                                      [s.get("restartCount", 0) for s in
+                                       p["status"]["containerStatuses"]]) for p in running}
+    took = set_mode(cluster, gpu_node, "share")
+    t0 = time.monotonic()
+    run_batch(cluster, gpu_node, "share", "mc-share", SHARED[4:7])
+    after = time.monotonic() - t0
+    for name, (uid, restarts) in before.items():
+        p = get_pod(cp, WORKLOADS, name)
+        assert p is not None and p["metadata"]["uid"] == uid, f"{name} lost"
+        assert ready(p), f"{name} not running after the mode change:\n{pod_summary([p])}"
+        assert [s.get("restartCount", 0) for s in p["status"]["containerStatuses"]] == \
+            restarts, f"{name} restarted"
+    assert_no_overcommit([p for p in list_pods(cp, WORKLOADS) if ready(p)], "share")
+    print(f"\ncgpu -> share with {len(before)} pods running: advertised and ready {took:.1f}s "
+          f"after the label, the new mode's pods running {after:.1f}s later", file=sys.stderr)
+    for prefix in ("mc-cgpu", "mc-share"):
+        delete_batch(cluster, prefix)
+    set_mode(cluster, gpu_node, "cgpu")
+
+
 def test_batch_after_kubelet_restart_and_table(real_release: RealNodeCluster,
                                                gpu_node: RealNode) -> None:
     """A batch admitted after a kubelet restart; then the whole table: >= 50 pods, 0
