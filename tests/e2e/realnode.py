@@ -728,6 +728,26 @@ state = "{self.state}"
                 return t
         return None
 
+    def api_synced_after(self, since: float) -> float | None:
+        """The wall-clock time of the kubelet's first pods from the API server after ``since``
+        (its "SyncLoop ADD" source="api"); None before. Until then, after a restart, the
+        kubelet still counts the devices of pods deleted while it was down (it frees them only
+        once its sources are ready), so a pod it admits then may be refused by the kubelet."""
+        import datetime as dt
+
+        year = dt.datetime.now().year
+        for line in _tail(self.log("kubelet"), 5000).splitlines():
+            if '"SyncLoop ADD" source="api"' not in line:
+                continue
+            try:
+                stamp = dt.datetime.strptime(f"{year}{line[1:21]}", "%Y%m%d %H:%M:%S.%f")
+            except ValueError:
+                continue
+            t = stamp.replace(tzinfo=dt.UTC).timestamp()
+            if t >= since:
+                return t
+        return None
+
     # -- teardown ------------------------------------------------------------------------------
 
     def stop(self) -> None:

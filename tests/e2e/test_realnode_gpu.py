@@ -34,7 +34,7 @@ from .nodepods import (
     Check,
     compare,
     create,
-    events_text,
+    events,
     expected_backend,
     get_pod,
     gpu_pod,
@@ -182,7 +182,13 @@ def run_batch(cluster: RealNodeCluster, node: RealNode, mode: str, prefix: str,
     except BaseException:
         print(pod_summary([p for n in made if (p := get_pod(cp, WORKLOADS, n))]),
               file=sys.stderr)
-        print(events_text(cp, WORKLOADS), file=sys.stderr)
+        for n in made:  # why each of the batch's pods is where it is
+            for e in events(cp, WORKLOADS, n):
+                print(f"  {n}: {e.get('reason')}: {e.get('message', '')[:400]}", file=sys.stderr)
+            p = get_pod(cp, WORKLOADS, n)
+            if p is not None and (p.get("status") or {}).get("phase") == "Failed":
+                st = p["status"]
+                print(f"  {n}: Failed: {st.get('reason')}: {st.get('message')}", file=sys.stderr)
         raise
     uuids = node_uuids(node)
     checks = []
@@ -283,6 +289,8 @@ def test_faults_with_pods_running(real_release: RealNodeCluster, gpu_node: RealN
     times["kubelet restart -> device plugins registered again"] = wait(
         "the agent's device plugins to register with the new kubelet",
         lambda: (t := gpu_node.plugin_registered_after(started)) and t - started, 120)
+    wait("the kubelet to have synced its pods from the API server",
+         lambda: gpu_node.api_synced_after(started), 120)
     times["kubelet restart -> new GPU pods running"] = gpu_pod_admitted("kubelet")
     still_running()
     # containerd restarted: shims and containers live on
@@ -353,10 +361,14 @@ def test_batch_after_kubelet_restart_and_table(real_release: RealNodeCluster,
     set_mode(real_release, gpu_node, "cgpu")
     started = time.time()
     gpu_node.restart_kubelet()
-    # pods the kubelet admits before it has the agent's devices again are refused by the
-    # kubelet itself ("requested number of devices unavailable"): wait until it has them
+    # pods the kubelet admits before it has the agent's devices again, or before it has
+    # synced its pods from the API server (until then it still counts the devices of pods
+    # deleted just before the restart), are refused by the kubelet itself ("requested number
+    # of devices unavailable"): wait until it has both
     wait("the kubelet to have the agent's GPU memory devices again",
          lambda: gpu_node.plugin_registered_after(started, MEM), 120)
+    wait("the kubelet to have synced its pods from the API server",
+         lambda: gpu_node.api_synced_after(started), 120)
     run_batch(real_release, gpu_node, "cgpu", "after-restart", SHARED)
     delete_batch(real_release, "after-restart")
     print("\n" + TALLY.table(), file=sys.stderr)
@@ -461,6 +473,4 @@ def test_fail_closed_without_the_library_then_starts_once_it_is_there(
 
 
 def events_of(cp: Any, pod: str) -> list[dict[str, Any]]:
-    from .nodepods import events
-
     return events(cp, WORKLOADS, pod)
