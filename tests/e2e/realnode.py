@@ -704,20 +704,14 @@ state = "{self.state}"
         self.times.restarts.setdefault("containerd", []).append(t)
         return t
 
-    def plugin_registered_after(self, since: float, resource: str = "") -> float | None:
-        """The wall-clock time of the kubelet's first device-plugin registration logged after
-        ``since`` (time.time()), from its klog lines; None before there is one. With
-        ``resource``: the time the kubelet had that plugin's devices ("State pushed")."""
+    def _logged_after(self, since: float, matches: Callable[[str], bool]) -> float | None:
+        """The wall-clock time of the kubelet's first klog line after ``since`` (time.time())
+        that ``matches``; None before there is one."""
         import datetime as dt
 
         year = dt.datetime.now().year
         for line in _tail(self.log("kubelet"), 5000).splitlines():
-            if resource:
-                if "State pushed for device plugin" not in line or \
-                        f'resource="{resource}"' not in line or "resourceCapacity=0" in line:
-                    continue
-            elif len(line) < 21 or not any(m in line for m in (
-                    "Got registration request from device plugin", "Connected to new client")):
+            if len(line) < 21 or not matches(line):
                 continue
             try:
                 stamp = dt.datetime.strptime(f"{year}{line[1:21]}", "%Y%m%d %H:%M:%S.%f")
@@ -727,26 +721,24 @@ state = "{self.state}"
             if t >= since:
                 return t
         return None
+
+    def plugin_registered_after(self, since: float, resource: str = "") -> float | None:
+        """The wall-clock time of the kubelet's first device-plugin registration logged after
+        ``since`` (time.time()), from its klog lines; None before there is one. With
+        ``resource``: the time the kubelet had that plugin's devices ("State pushed")."""
+        if resource:
+            return self._logged_after(since, lambda line: (
+                "State pushed for device plugin" in line and f'resource="{resource}"' in line
+                and "resourceCapacity=0" not in line))
+        return self._logged_after(since, lambda line: any(m in line for m in (
+            "Got registration request from device plugin", "Connected to new client")))
 
     def api_synced_after(self, since: float) -> float | None:
         """The wall-clock time of the kubelet's first pods from the API server after ``since``
         (its "SyncLoop ADD" source="api"); None before. Until then, after a restart, the
         kubelet still counts the devices of pods deleted while it was down (it frees them only
         once its sources are ready), so a pod it admits then may be refused by the kubelet."""
-        import datetime as dt
-
-        year = dt.datetime.now().year
-        for line in _tail(self.log("kubelet"), 5000).splitlines():
-            if '"SyncLoop ADD" source="api"' not in line:
-                continue
-            try:
-                stamp = dt.datetime.strptime(f"{year}{line[1:21]}", "%Y%m%d %H:%M:%S.%f")
-            except ValueError:
-                continue
-            t = stamp.replace(tzinfo=dt.UTC).timestamp()
-            if t >= since:
-                return t
-        return None
+        return self._logged_after(since, lambda line: '"SyncLoop ADD" source="api"' in line)
 
     # -- teardown ------------------------------------------------------------------------------
 
