@@ -14,6 +14,7 @@ real gRPC on unix sockets, as kubelet 1.37 does it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -99,20 +100,35 @@ class TestDraKubelet:
         """(namespace, name, uid) per claim -> the answer per UID."""
         req = pb.NodePrepareResourcesRequest(
             claims=[pb.Claim(namespace=ns, name=n, uid=u) for ns, n, u in claims])
-        resp = await self._stub(driver).NodePrepareResources(req, timeout=timeout)
+        resp = await _call(self._stub(driver).NodePrepareResources(req, timeout=timeout))
         return dict(resp.claims)
 
     async def unprepare(self, driver: str, claims: Iterable[tuple[str, str, str]],
                         timeout: float = 20) -> dict[str, pb.NodeUnprepareResourceResponse]:
         req = pb.NodeUnprepareResourcesRequest(
             claims=[pb.Claim(namespace=ns, name=n, uid=u) for ns, n, u in claims])
-        resp = await self._stub(driver).NodeUnprepareResources(req, timeout=timeout)
+        resp = await _call(self._stub(driver).NodeUnprepareResources(req, timeout=timeout))
         return dict(resp.claims)
 
     async def close(self) -> None:
         for ch in self._channels.values():
             await ch.close()
         self._channels.clear()
+
+
+async def _call(call: Any) -> Any:
+    """The call's answer. A call cut because the kubelet closed the connection it was made on
+    (a plugin that registers again gets a new one) fails as the Go kubelet's does, with
+    ``CANCELLED``; grpc's asyncio client would instead cancel the caller's task."""
+    try:
+        return await call
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        raise grpc.aio.AioRpcError(grpc.StatusCode.CANCELLED, grpc.aio.Metadata(),
+                                   grpc.aio.Metadata(),
+                                   details="the kubelet closed the connection") from None
 
 
 def cdi_registry(directory: str) -> dict[str, dict[str, Any]]:
