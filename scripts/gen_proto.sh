@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 D=src/sharegpu/agent/proto
 PY=${PYTHON:-.venv/bin/python}
-for name in api dra_v1 pluginregistration_v1; do
+for name in api dra_v1 pluginregistration_v1 podresources_v1; do
     "$PY" -m grpc_tools.protoc -I "$D" --python_out="$D" --grpc_python_out="$D" "$D/$name.proto"
     sed -i "s/^import ${name}_pb2 as \(.*\)$/from . import ${name}_pb2 as \1/" "$D/${name}_pb2_grpc.py"
 done

@@ -82,8 +82,26 @@ def test_dra_wire_format_is_the_kubelets():
     assert fields(reg.RegistrationStatus) == {"plugin_registered": 1, "error": 2}
 
 
+def test_pod_resources_wire_format_is_the_kubelets():
+    """podresources_v1.proto is upstream's (k8s.io/kubelet v0.37.2): the method paths the
+    kubelet serves on its pod-resources socket, and the fields the agent reads."""
+    from sharegpu.agent.proto import podresources_v1_pb2 as pr
+
+    assert pr.DESCRIPTOR.package == "v1"
+    svc = pr.DESCRIPTOR.services_by_name["PodResourcesLister"]
+    assert svc.full_name == "v1.PodResourcesLister"
+    assert [m.name for m in svc.methods] == ["List", "GetAllocatableResources", "Get"]
+    assert fields(pr.ListPodResourcesResponse) == {"pod_resources": 1}
+    assert {k: v for k, v in fields(pr.PodResources).items() if v <= 3} == {
+        "name": 1, "namespace": 2, "containers": 3}
+    assert {k: v for k, v in fields(pr.ContainerResources).items() if v <= 2} == {
+        "name": 1, "devices": 2}
+    assert {k: v for k, v in fields(pr.ContainerDevices).items() if v <= 2} == {
+        "resource_name": 1, "device_ids": 2}
+
+
 def test_committed_dra_modules_are_generated_from_the_protos(tmp_path):
-    for name in ("dra_v1", "pluginregistration_v1"):
+    for name in ("dra_v1", "pluginregistration_v1", "podresources_v1"):
         subprocess.run(
             [sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTO}", f"--python_out={tmp_path}",
              str(PROTO / f"{name}.proto")],
