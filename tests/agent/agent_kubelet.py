@@ -149,6 +149,7 @@ class TestPodResources(pr_grpc.PodResourcesListerServicer):
         # (namespace, name) -> container name -> resource -> device IDs
         self.pods: dict[tuple[str, str], dict[str, dict[str, list[str]]]] = {}
         self.lists = 0
+        self.busy = 0  # calls to refuse as the kubelet's rate limiter does
         self._server: grpc.aio.Server | None = None
 
     def admit(self, pod: dict) -> None:
@@ -163,6 +164,10 @@ class TestPodResources(pr_grpc.PodResourcesListerServicer):
         self.pods[(m.get("namespace", "default"), m["name"])][container][resource] = list(ids)
 
     async def List(self, request, context):  # type: ignore[no-untyped-def]
+        if self.busy > 0:
+            self.busy -= 1
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                "rejected by rate limit")
         self.lists += 1
         return pr.ListPodResourcesResponse(pod_resources=[
             pr.PodResources(namespace=ns, name=name, containers=[

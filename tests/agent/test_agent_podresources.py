@@ -80,7 +80,25 @@ async def test_look_alike_pods_admitted_in_any_order_get_their_own_gpus(short_di
         for p in (pods[2], pods[0], pods[3], pods[1]):  # c, a, d, b: not assume-time order
             assert await admit(h, pr, p, free) == f"default/{p['metadata']['name']}/c0"
         assert h.agent.allocating.named == 8  # 4 preferences and 4 Allocates named their pod
-        assert pr.lists == 8 + 1  # and the promise's probe at start
+        # one listing per container (its Allocate follows the preference that named the pod),
+        # and the promise's probe at start
+        assert pr.lists == 4 + 1
+    finally:
+        await h.close()
+        await pr.stop()
+
+
+async def test_a_kubelet_limiting_the_api_is_waited_for(short_dir):
+    """The kubelet answers RESOURCE_EXHAUSTED beyond 100 calls/s: the agent lists again."""
+    h, pr = await start(short_dir)
+    try:
+        pods = look_alikes()
+        for p in pods:
+            h.kube.add_pod(p)
+        free = [i for i, _ in h.kubelet.devices[names.RES_GPU_MEM]]
+        pr.busy = 3
+        assert await admit(h, pr, pods[3], free) == "default/d/c0"
+        assert pr.busy == 0 and h.agent.allocating.naming.client.errors == 0
     finally:
         await h.close()
         await pr.stop()

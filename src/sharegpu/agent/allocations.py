@@ -49,15 +49,26 @@ class Allocations:
         self.failures = 0
         self.naming = naming  # the kubelet's pod-resources API, and the node's promise
         self.named = 0  # Allocate and preference calls whose pod the kubelet's listing named
+        # resource -> (devices the last preference returned, the pod it named): the kubelet's
+        # Allocate of exactly those devices follows it for the same container
+        self._steered: dict[str, tuple[frozenset[str], str]] = {}
         self._background: set[asyncio.Task] = set()
 
-    async def _candidates(self, resource: str) -> tuple[list[Candidate], str | None, bool]:
+    async def _candidates(self, resource: str, steered: frozenset[str] = frozenset()
+                          ) -> tuple[list[Candidate], str | None, bool]:
         """The pending GPU containers of the node; the pod the kubelet is admitting, when its
         pod-resources listing names one; and whether matching is sure without it (the node made
-        no promise to name pods, so the scheduler kept look-alike pods apart)."""
+        no promise to name pods, so the scheduler kept look-alike pods apart). ``steered``: the
+        devices of an Allocate; when the preference just before returned exactly those, the pod
+        it named is this one's (one listing per container, not two)."""
         cands = pending_candidates(await self.pods.get(), self.node_name)
         if self.naming is None or not cands:
             return cands, None, True
+        last = self._steered.pop(resource, None)
+        if last is not None and steered and last[0] == steered \
+                and any(c.pod_key == last[1] for c in cands):
+            self.named += 1
+            return cands, last[1], True
         try:
             listing = await self.naming.client.list()
         except (grpc.aio.AioRpcError, TimeoutError) as e:
@@ -73,13 +84,16 @@ class Allocations:
         self, resource: str, available: Sequence[str], must_include: Sequence[str], size: int
     ) -> list[str]:
         cands, named, _ = await self._candidates(resource)
-        return self.allocator.preferred(resource, cands, available, must_include, size,
-                                        named=named)
+        ids = self.allocator.preferred(resource, cands, available, must_include, size,
+                                       named=named)
+        if named is not None:
+            self._steered[resource] = (frozenset(ids), named)
+        return ids
 
     async def allocate(self, resource: str, device_ids: Sequence[str]) -> Grant:
         attempt = 0
         while True:
-            cands, named, sure = await self._candidates(resource)
+            cands, named, sure = await self._candidates(resource, frozenset(device_ids))
             readiness = await self.isolation.current()
             try:
                 grant, done = self.allocator.allocate(

@@ -12,8 +12,10 @@ calls name no pod, this names it (docs/agent.md, "How Allocate finds the pod").
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
+import time
 from collections.abc import Iterable
 
 import grpc
@@ -77,11 +79,22 @@ class PodResources:
         from .proto import podresources_v1_pb2 as pr
 
         self.lists += 1
-        try:
-            resp = await self._stub().List(pr.ListPodResourcesRequest(), timeout=self.timeout_s)
-        except (TimeoutError, grpc.aio.AioRpcError):
-            self.errors += 1
-            raise
+        delay = 0.02
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                resp = await self._stub().List(pr.ListPodResourcesRequest(),
+                                               timeout=max(0.1, deadline - time.monotonic()))
+                break
+            except (TimeoutError, grpc.aio.AioRpcError) as e:
+                # the kubelet limits the API's callers (100 calls/s, bursts of 10): wait for it
+                busy = isinstance(e, grpc.aio.AioRpcError) and \
+                    e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                if not busy or time.monotonic() + delay >= deadline:
+                    self.errors += 1
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.2)
         out: Listing = {}
         for p in resp.pod_resources:
             containers: dict[str, dict[str, frozenset[str]]] = {}
