@@ -22,6 +22,11 @@ assigned.
   source's map order). The agent cannot know that order; the extender's binder lets pods be
   starting together on a node only where the agent cannot get them wrong
   (sharegpu.core.startingpods), and the 50 pods are placed so.
+- the kubelet's pod-resources API: the device manager also serves it (upstream's v1 server on its
+  pod manager and device manager); read all along the batch's admission, no answer shows more
+  than one pod still waiting for its devices, and once the pods are admitted it lists each
+  admitted pod's containers with the very devices the device manager gave them, and not the pod
+  it rejected.
 """
 
 from __future__ import annotations
@@ -41,12 +46,21 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Pod, ServiceAccount
 
 from sharegpu.core import names
-from sharegpu.core.annotations import is_assigned
+from sharegpu.core.annotations import Allocation, is_assigned
 from sharegpu.core.startingpods import StartingPods
 
 from .components import SharegpuProcess, create_node, free_port, wait_for
 from .controlplane import ControlPlane
-from .devicemanager_play import DeviceManagerRun, fake_gpus, mismatches, place, pod_object
+from .devicemanager_play import (
+    DeviceManagerRun,
+    PodResourcesPoller,
+    device_requests,
+    fake_gpus,
+    list_pod_resources,
+    mismatches,
+    place,
+    pod_object,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "agent"))
 from agent_helpers import standin_library
@@ -75,7 +89,11 @@ def short_dir() -> Iterator[Path]:
 
 
 def _run(cp: ControlPlane, binary: Path, admin: Client, namespace: str, d: Path, *, mode: str,
-         seed: int, kubelet_first: bool) -> None:
+         seed: int, kubelet_first: bool, pod_resources: bool = False) -> None:
+    """With ``pod_resources`` (one batch only) the device manager serves the pod-resources API,
+    read all along (:class:`PodResourcesPoller`) and after the report; one more pod, asking for
+    more GPU memory than the node has, is bound with the others and rejected."""
+    assert not (pod_resources and kubelet_first)
     node = create_node(admin, f"gpu-dm-{uuid.uuid4().hex[:6]}",
                        labels={names.LABEL_SCHEDULE: mode})
     gpus = fake_gpus(GPUS)
@@ -88,9 +106,16 @@ def _run(cp: ControlPlane, binary: Path, admin: Client, namespace: str, d: Path,
     for kind, *_ in shapes:
         kinds[kind] = kinds.get(kind, 0) + 1
     pods: dict[str, dict[str, Any]] = {}
+    too_big = None  # the pod the device manager must reject
+    if pod_resources:
+        too_big = pod_object("too-big", namespace, node, [{"mem": 10 * sum(capacity.values())}],
+                             Allocation(mem={}), 0)
+        del too_big["metadata"]["annotations"]  # no decision: the agent is never asked
 
     def bind_all() -> float:
         t0 = time.monotonic()
+        if too_big is not None:
+            admin.create(Pod.from_dict(too_big))
         for i, (_, reqs, alloc, count) in enumerate(shapes):
             # the extender's bind: decision and assume-time recorded, then bound (nodeName set at
             # creation); one pod after another, so assume-times follow the bind order
@@ -107,25 +132,41 @@ def _run(cp: ControlPlane, binary: Path, admin: Client, namespace: str, d: Path,
         "--isolation=hami", f"--hami-library={lib}", f"--metrics-listen=127.0.0.1:{free_port()}",
     ])
     resources = [names.RES_GPU_MEM] + ([names.RES_GPU_CORE] if mode == "core_mem" else [])
+    sock = d / "pod-resources.sock" if pod_resources else None
+    n_pods = N_PODS + (too_big is not None)
     dm = DeviceManagerRun(
-        binary, node=node, plugin_dir=d / "dp", expect_pods=N_PODS, wait_resources=resources,
+        binary, node=node, plugin_dir=d / "dp", expect_pods=n_pods, wait_resources=resources,
         # the kubelet's identity: the Node authorizer and system:node let it watch its pods
         kubeconfig=cp.kubeconfig_for(f"system:node:{node}", ["system:nodes"]),
         output=cp.workdir / f"kubelet-devicemanager-{node}.json",
-        log=cp.workdir / f"kubelet-devicemanager-{node}.log")
+        log=cp.workdir / f"kubelet-devicemanager-{node}.log",
+        pod_resources_socket=sock, linger=300 if pod_resources else 0)
+    poller = None
     try:
         if not kubelet_first:
             bind_s = bind_all()
         agent.start()
         agent.wait_until(lambda: (d / "dp" / "sharegpu-gpu-mem.sock").exists(),
                          "its device-plugin sockets")
+        if sock is not None:
+            requests = {ref: device_requests(p) for ref, p in pods.items()}
+            requests[f"{namespace}/too-big"] = device_requests(too_big)
+            poller = PodResourcesPoller(sock, requests).start()
         dm.start()
         dm.wait_ready()
         if kubelet_first:
             bind_s = bind_all()
+        if sock is not None:
+            assert poller is not None
+            dm.wait_report()
+            poller.stop()
+            listing = list_pod_resources(sock)
+            dm.end_linger()
         report, wall = dm.finish()
         assert agent.alive(), agent.log_tail()
     finally:
+        if poller is not None:
+            poller.stop()
         dm.stop()
         agent.stop()
 
@@ -140,10 +181,13 @@ def _run(cp: ControlPlane, binary: Path, admin: Client, namespace: str, d: Path,
           f"started {secs['first_pod_to_last_started']:.2f}s; capacity {report['capacity']}",
           file=sys.stderr)
     assert report["capacity"][names.RES_GPU_MEM] == sum(g.gib for g in gpus)
-    assert len(report["pods"]) == N_PODS
+    assert len(report["pods"]) == n_pods
+    if sock is not None:
+        assert poller is not None
+        _check_pod_resources(report, listing, poller, f"{namespace}/too-big", mode)
     if not kubelet_first:
-        assert batches == [N_PODS]
-    assert sum(len(p["containers"]) for p in report["pods"]) == containers
+        assert batches == [n_pods]
+    assert sum(len(p["containers"]) for p in report["pods"] if p["admitted"]) == containers
     # the kubelet's code asked the plugin where to allocate before each Allocate
     allocations = containers * len(resources)
     assert dm.count("Issuing a GetPreferredAllocation call") == allocations
@@ -155,8 +199,29 @@ def _run(cp: ControlPlane, binary: Path, admin: Client, namespace: str, d: Path,
           f"their own pod's decision, {len(wrong_gpu)} got other GPUs", file=sys.stderr)
     assert bad == [], f"{len(bad)} mismatches:\n" + "\n".join(bad[:40])
     wait_for("every pod marked assigned", lambda: all(
-        is_assigned(p.metadata.annotations or {}) for p in admin.list(Pod, namespace=namespace)),
-        timeout=30)
+        is_assigned(p.metadata.annotations or {}) for p in admin.list(Pod, namespace=namespace)
+        if p.metadata.name != "too-big"), timeout=30)
+
+
+def _check_pod_resources(report: dict[str, Any], listing: dict[str, Any],
+                         poller: PodResourcesPoller, rejected: str, mode: str) -> None:
+    """The pod-resources API against the device manager's report: the same pods (the admitted
+    ones), each container with the plugin device IDs the device manager gave it; and no answer
+    read during the admission with more than one pod waiting for its devices."""
+    print(f"{mode}: pod-resources List read {poller.lists} times during the run "
+          f"({poller.with_pending} showing one pod waiting for its devices, "
+          f"{poller.refused} refused), {len(poller.violations)} showing several",
+          file=sys.stderr)
+    assert poller.lists > 0
+    assert poller.violations == [], poller.violations[:5]
+    by_ref = {f"{p['namespace']}/{p['name']}": p for p in report["pods"]}
+    assert not by_ref[rejected]["admitted"], by_ref[rejected]
+    assert "requested number of devices unavailable" in by_ref[rejected]["message"]
+    admitted = {ref: {c["name"]: c["device_ids"] for c in p["containers"]}
+                for ref, p in by_ref.items() if p["admitted"]}
+    assert len(admitted) == N_PODS
+    assert all(ids for cs in admitted.values() for ids in cs.values())
+    assert listing == admitted
 
 
 @pytest.mark.parametrize(("mode", "seed"), [("cgpu", 7), ("core_mem", 11)])
@@ -174,3 +239,11 @@ def test_50_pods_in_one_batch_as_after_a_kubelet_restart(controlplane: ControlPl
                                                          short_dir: Path) -> None:
     _run(controlplane, controlplane_binary, admin, namespace, short_dir, mode="cgpu", seed=10,
          kubelet_first=False)
+
+
+def test_pod_resources_api_lists_what_the_device_manager_gave(controlplane: ControlPlane,
+                                                              controlplane_binary: Path,
+                                                              admin: Client, namespace: str,
+                                                              short_dir: Path) -> None:
+    _run(controlplane, controlplane_binary, admin, namespace, short_dir, mode="cgpu", seed=10,
+         kubelet_first=False, pod_resources=True)
