@@ -14,7 +14,9 @@ played too: ``--kubelet-ms`` after each binding the pod is marked assigned and t
 sees it, as its watch would (the starting-pods rule waits for it).
 
 ``--burst N --kubelet-ms 200``: only N pods of one shape at once, kubelets admitting each pod
-200 ms after its binding, bind failures placed again after 1 s: the time until all are bound.
+200 ms after its binding, bind failures placed again after 1 s: the time until all are bound,
+side by side on nodes whose agents do not name pods (the starting-pods rule) and on nodes whose
+agents name them through the kubelet's pod-resources API (``sharegpu.io/pod-resources``).
 
 Side by side in one run:
 - ``scheduler``: what kube-scheduler sends by default at this size: the nodes its own filters
@@ -68,7 +70,9 @@ KIND_MODES = {
 }
 
 
-def cluster(n: int, seed: int = 1) -> list[dict[str, Any]]:
+def cluster(n: int, seed: int = 1, naming: bool = False) -> list[dict[str, Any]]:
+    """``n`` nodes of mixed modes and sizes; ``naming``: each agent names the pod of each
+    kubelet call (``sharegpu.io/pod-resources``), so look-alike pods start together."""
     rng = random.Random(seed)
     modes = [m for m, _ in MODES]
     weights = [w for _, w in MODES]
@@ -76,7 +80,10 @@ def cluster(n: int, seed: int = 1) -> list[dict[str, Any]]:
     for i in range(n):
         mode = rng.choices(modes, weights)[0]
         size = rng.choice(SIZES)
-        out.append(kobjects.node(f"node-{i:05d}", [size] * 8, mode, model=f"GPU-{size}GB"))
+        node = kobjects.node(f"node-{i:05d}", [size] * 8, mode, model=f"GPU-{size}GB")
+        if naming:
+            node["metadata"].setdefault("annotations", {})[names.ANN_NODE_POD_RESOURCES] = "v1"
+        out.append(node)
     return out
 
 
@@ -193,7 +200,7 @@ def web_policy() -> dict[str, Any]:
 
 def serve(n_nodes: int, n_pods: int, q: Any, graded: bool = False, others: int = 0,
           kubelet_s: float = 0.0, work: list[dict[str, Any]] | None = None,
-          policy: bool = False, placement: str = "default") -> None:
+          policy: bool = False, placement: str = "default", naming: bool = False) -> None:
     from sharegpu.extender.bind import Binder
     from sharegpu.extender.metrics import Metrics
     from sharegpu.extender.server import ExtenderApp
@@ -202,7 +209,7 @@ def serve(n_nodes: int, n_pods: int, q: Any, graded: bool = False, others: int =
 
     async def main() -> None:
         view = ClusterView(placement, graded=graded)
-        nodes = cluster(n_nodes)
+        nodes = cluster(n_nodes, naming=naming)
         view.reset(nodes, other_pods(nodes, others))
         api = MemoryApi(work if work is not None else
                         (p for _, p in pods(n_pods, host="template" if others else "")))
@@ -583,11 +590,19 @@ async def drive_burst(port: int, work: list[dict[str, Any]], names_: list[str],
 
 
 def burst(n_nodes: int, n_pods: int, kubelet_s: float, inflight: int,
-          mem: int = 4) -> dict[str, Any]:
+          mem: int = 4) -> list[dict[str, Any]]:
     """``n_pods`` pods of one shape (``mem`` GiB of one GPU) at once onto ``n_nodes`` nodes
     whose kubelets admit a pod ``kubelet_s`` seconds after its binding: the time until all are
-    bound (the starting-pods rule makes look-alike pods on one node bind one GPU's worth at a
-    time, each waiting for the kubelet to admit the one before)."""
+    bound, side by side on nodes whose agents do not name pods (the starting-pods rule makes
+    look-alike pods on one node bind one GPU's worth at a time, each waiting for the kubelet to
+    admit the one before) and on nodes whose agents name them (the kubelet's pod-resources
+    API: no wait)."""
+    return [dict(burst_once(n_nodes, n_pods, kubelet_s, inflight, mem, naming),
+                 agents_name_pods=naming) for naming in (False, True)]
+
+
+def burst_once(n_nodes: int, n_pods: int, kubelet_s: float, inflight: int, mem: int,
+               naming: bool) -> dict[str, Any]:
     work = [kobjects.pod(f"burst-{i:04d}", mem=mem, uid=f"uid-burst-{i}") for i in range(n_pods)]
     for i, pod in enumerate(work):
         pod["metadata"]["resourceVersion"] = str(i + 1)
@@ -596,8 +611,8 @@ def burst(n_nodes: int, n_pods: int, kubelet_s: float, inflight: int,
             if Mode(n["metadata"]["labels"][names.LABEL_SCHEDULE]) in KIND_MODES["mem"]]
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    proc = ctx.Process(target=serve, args=(n_nodes, 0, q, False, 0, kubelet_s, work),
-                       daemon=True)
+    proc = ctx.Process(target=serve, args=(n_nodes, 0, q, False, 0, kubelet_s, work, False,
+                                           "default", naming), daemon=True)
     proc.start()
     try:
         port = q.get(timeout=600)

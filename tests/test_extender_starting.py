@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from sharegpu.core import names
 from sharegpu.core.annotations import assigned_patch, decode
 from sharegpu.extender.bind import Binder, BindError
 from sharegpu.extender.view import ClusterView
@@ -114,3 +115,54 @@ def test_a_relist_keeps_starting_pods_and_the_pod_being_bound() -> None:
     stored["metadata"]["annotations"].update(assigned_patch())
     view.reset(NODES, [stored])
     assert view.starting.on("spread") == set()
+
+
+def test_a_node_whose_agent_names_pods_lets_look_alikes_bind_at_once() -> None:
+    """``sharegpu.io/pod-resources: v1`` on the node (its agent names the pod of each kubelet
+    call): a look-alike on another GPU binds beside a starting pod; taking the annotation away
+    brings the rule back."""
+    p1, p2, p3 = (kobjects.pod(n, mem=4) for n in ("p1", "p2", "p3"))
+    view, api, binder = _env([p1, p2, p3], start_wait=0.3)
+    naming = kobjects.node("spread", [16, 16, 16], "cgpu", placement="spread")
+    naming["metadata"].setdefault("annotations", {})[names.ANN_NODE_POD_RESOURCES] = "v1"
+    view.upsert_node(naming)
+
+    async def go() -> None:
+        await binder.bind(_args(p1, "spread"))
+        _seen(view, api, "p1")
+        t0 = time.monotonic()
+        await binder.bind(_args(p2, "spread"))  # spread: another GPU, not a twin
+        assert time.monotonic() - t0 < 0.2
+        _seen(view, api, "p2")
+        plain = kobjects.node("spread", [16, 16, 16], "cgpu", placement="spread")
+        view.upsert_node(plain)
+        with pytest.raises(BindError) as e:
+            await binder.bind(_args(p3, "spread"))
+        assert e.value.reason == "starting"
+
+    asyncio.run(go())
+    a1 = decode(api.pods["default/p1"]["metadata"]["annotations"])
+    a2 = decode(api.pods["default/p2"]["metadata"]["annotations"])
+    assert a1 is not None and a2 is not None and a1.gpus != a2.gpus
+    assert view.starting.on("spread") == {"default/p1", "default/p2"}
+
+
+def test_the_promise_is_read_at_start_and_relist_too() -> None:
+    """A listed node (the extender's start, a relist) carries its promise as a watched one."""
+    p1, p2 = kobjects.pod("p1", mem=4), kobjects.pod("p2", mem=4)
+    naming = kobjects.node("spread", [16, 16], "cgpu", placement="spread")
+    naming["metadata"].setdefault("annotations", {})[names.ANN_NODE_POD_RESOURCES] = "v1"
+    view = ClusterView()
+    view.reset([naming], [])
+    api = MemoryApi([p1, p2])
+    binder = Binder(api, lambda: view, start_wait=0.3)
+
+    async def go() -> None:
+        await binder.bind(_args(p1, "spread"))
+        _seen(view, api, "p1")
+        await binder.bind(_args(p2, "spread"))
+
+    asyncio.run(go())
+    assert view.starting.on("spread") == {"default/p1", "default/p2"}
+    view.reset([kobjects.node("spread", [16, 16], "cgpu", placement="spread")], [])
+    assert not view.starting.naming

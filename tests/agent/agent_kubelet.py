@@ -16,6 +16,8 @@ import grpc
 
 from sharegpu.agent.proto import api_pb2 as pb
 from sharegpu.agent.proto import api_pb2_grpc as pb_grpc
+from sharegpu.agent.proto import podresources_v1_pb2 as pr
+from sharegpu.agent.proto import podresources_v1_pb2_grpc as pr_grpc
 
 
 class TestKubelet(pb_grpc.RegistrationServicer):
@@ -134,3 +136,52 @@ async def wait_until(predicate, timeout: float = 5.0, step: float = 0.02) -> flo
         if time.monotonic() - t0 > timeout:
             raise AssertionError(f"condition not met within {timeout}s")
         await asyncio.sleep(step)
+
+
+class TestPodResources(pr_grpc.PodResourcesListerServicer):
+    """The kubelet's pod-resources API (``v1.PodResourcesLister.List``) on a unix socket: the
+    pods the test says the kubelet's pod manager holds, with each container's devices."""
+
+    __test__ = False
+
+    def __init__(self, socket: str) -> None:
+        self.socket = socket
+        # (namespace, name) -> container name -> resource -> device IDs
+        self.pods: dict[tuple[str, str], dict[str, dict[str, list[str]]]] = {}
+        self.lists = 0
+        self._server: grpc.aio.Server | None = None
+
+    def admit(self, pod: dict) -> None:
+        """The kubelet adds ``pod`` to its pod manager (its containers hold no devices yet)."""
+        m = pod["metadata"]
+        self.pods[(m.get("namespace", "default"), m["name"])] = {
+            c["name"]: {} for c in pod["spec"]["containers"]}
+
+    def record(self, pod: dict, container: str, resource: str, ids: list[str]) -> None:
+        """The device manager recorded what the plugin's Allocate answered for."""
+        m = pod["metadata"]
+        self.pods[(m.get("namespace", "default"), m["name"])][container][resource] = list(ids)
+
+    async def List(self, request, context):  # type: ignore[no-untyped-def]
+        self.lists += 1
+        return pr.ListPodResourcesResponse(pod_resources=[
+            pr.PodResources(namespace=ns, name=name, containers=[
+                pr.ContainerResources(name=c, devices=[
+                    pr.ContainerDevices(resource_name=r, device_ids=ids)
+                    for r, ids in held.items()])
+                for c, held in containers.items()])
+            for (ns, name), containers in self.pods.items()])
+
+    async def start(self) -> None:
+        server = grpc.aio.server()
+        pr_grpc.add_PodResourcesListerServicer_to_server(self, server)
+        server.add_insecure_port(f"unix://{self.socket}")
+        await server.start()
+        self._server = server
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            await self._server.stop(grace=0)
+            self._server = None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket)

@@ -240,17 +240,36 @@ class Allocator:
         return [c for c in free if first[c.pod_key] == c.container]
 
     def _match(
-        self, candidates: Sequence[Candidate], resource: str, want: Mapping[int, int]
+        self, candidates: Sequence[Candidate], resource: str, want: Mapping[int, int],
+        sure: bool = True,
     ) -> Candidate | None:
         """Exact matches (the devices :meth:`preferred` steered to) first, among the containers
-        in turn, then any; then matches by totals, in turn, then any."""
+        in turn, then any; then matches by totals, in turn, then any. Not ``sure`` (the node
+        promised the scheduler to name each pod, and could not name this one): refuse rather
+        than pick among pods that would get different GPUs or limits."""
         turn = self._in_turn(candidates, resource)
+        if not sure:  # the devices were steered by a guess too: any look-alike may be asking
+            self._refuse_a_guess(candidates, self._pool(turn, resource, want, False)
+                                 or self._pool(candidates, resource, want, False), resource)
         for exact in (True, False):
             for among in (turn, candidates):
                 pool = self._pool(among, resource, want, exact)
                 if pool:
                     return min(pool, key=self._rank)
         return None
+
+    def _refuse_a_guess(self, candidates: Sequence[Candidate], pool: Sequence[Candidate],
+                        resource: str) -> None:
+        pods = {c.pod_key for c in pool}
+        grants = {tuple(sorted((c.container, tuple(sorted(c.mem.items())),
+                                tuple(sorted(c.core.items())), c.pod_total_mem)
+                               for c in candidates if c.pod_key == p)) for p in pods}
+        if len(grants) > 1:
+            refs = ", ".join(sorted({f"{c.namespace}/{c.name}" for c in pool}))
+            raise AllocationError(
+                f"{resource}: the kubelet's pod-resources API did not name the pod being "
+                f"admitted on node {self.node}, and the pods it may be ({refs}) were placed "
+                "differently; refusing to guess (the kubelet admits the pod again)")
 
     def _pool(self, candidates: Sequence[Candidate], resource: str, want: Mapping[int, int],
               exact: bool) -> list[Candidate]:
@@ -279,9 +298,13 @@ class Allocator:
         available: Sequence[str],
         must_include: Sequence[str],
         size: int,
+        named: str | None = None,
     ) -> list[str]:
         """Devices to steer the kubelet to: those on the GPUs the scheduler chose for the pod
-        container this request most likely belongs to; the kubelet's own order otherwise."""
+        container this request most likely belongs to (of pod ``named``, the pod the kubelet's
+        pod-resources listing names, when known); the kubelet's own order otherwise."""
+        if named is not None:
+            candidates = [c for c in candidates if c.pod_key == named]
         fallback = list(must_include) + [d for d in available if d not in set(must_include)]
         fallback = fallback[:size]
         with self._lock:
@@ -312,10 +335,14 @@ class Allocator:
         backend: Backend,
         node_labels: Mapping[str, str],
         guard: Guard | None = None,
+        named: str | None = None,
+        sure: bool = True,
     ) -> tuple[Grant, bool]:
         """The grant for one container request, and whether its pod is now fully handed out
         (time to mark it assigned). Raises :class:`AllocationError` with the reason, and
-        :class:`IsolationUnavailable` (nothing recorded) when ``guard`` refuses the back-end."""
+        :class:`IsolationUnavailable` (nothing recorded) when ``guard`` refuses the back-end.
+        ``named``: the pod the kubelet's pod-resources listing names (only its containers
+        match); ``sure``: as :meth:`_match`."""
         if not device_ids:
             raise AllocationError(f"{resource}: the kubelet asked for no devices")
         try:
@@ -327,7 +354,8 @@ class Allocator:
         with self._lock:
             now = time.monotonic()
             self.ledger.prune({k.pod_key for k in candidates}, now)
-            c = self._match(candidates, resource, want)
+            mine = candidates if named is None else [c for c in candidates if c.pod_key == named]
+            c = self._match(mine, resource, want, sure)
             if c is not None:
                 # build the answer first: a decision that cannot be served is not handed out
                 grant = self._grant(c, resource, backend, node_labels, guard)

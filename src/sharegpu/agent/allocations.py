@@ -10,6 +10,8 @@ import logging
 import os
 from collections.abc import Sequence
 
+import grpc
+
 from .allocate import (
     AllocationError,
     Allocator,
@@ -23,6 +25,7 @@ from .hostdirs import open_dirs
 from .isolationwatch import IsolationWatch
 from .kube import KubeApi
 from .nodemode import NodeMode
+from .podresources import PodNaming, admitting
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +35,8 @@ EVENT_ISOLATION = "GPUIsolationUnavailable"  # Warning event on a pod refused fo
 class Allocations:
     def __init__(self, node_name: str, allocator: Allocator, pods: FreshPods,
                  node_mode: NodeMode, isolation: IsolationWatch, kube: KubeApi, *,
-                 retries: int, retry_s: float) -> None:
+                 retries: int, retry_s: float,
+                 naming: PodNaming | None = None) -> None:
         self.node_name = node_name
         self.allocator = allocator
         self.pods = pods
@@ -43,27 +47,45 @@ class Allocations:
         self.retry_s = retry_s
         self.allocations = 0
         self.failures = 0
+        self.naming = naming  # the kubelet's pod-resources API, and the node's promise
+        self.named = 0  # Allocate and preference calls whose pod the kubelet's listing named
         self._background: set[asyncio.Task] = set()
 
-    async def _candidates(self) -> list[Candidate]:
-        return pending_candidates(await self.pods.get(), self.node_name)
+    async def _candidates(self, resource: str) -> tuple[list[Candidate], str | None, bool]:
+        """The pending GPU containers of the node; the pod the kubelet is admitting, when its
+        pod-resources listing names one; and whether matching is sure without it (the node made
+        no promise to name pods, so the scheduler kept look-alike pods apart)."""
+        cands = pending_candidates(await self.pods.get(), self.node_name)
+        if self.naming is None or not cands:
+            return cands, None, True
+        try:
+            listing = await self.naming.client.list()
+        except (grpc.aio.AioRpcError, TimeoutError) as e:
+            log.warning("%s: the kubelet's pod-resources API did not answer: %s", resource, e)
+            return cands, None, not self.naming.promised
+        pods = admitting(listing, cands, resource)
+        if len(pods) == 1:
+            self.named += 1
+            return cands, next(iter(pods)), True
+        return cands, None, not self.naming.promised
 
     async def preferred(
         self, resource: str, available: Sequence[str], must_include: Sequence[str], size: int
     ) -> list[str]:
-        cands = await self._candidates()
-        return self.allocator.preferred(resource, cands, available, must_include, size)
+        cands, named, _ = await self._candidates(resource)
+        return self.allocator.preferred(resource, cands, available, must_include, size,
+                                        named=named)
 
     async def allocate(self, resource: str, device_ids: Sequence[str]) -> Grant:
         attempt = 0
         while True:
-            cands = await self._candidates()
+            cands, named, sure = await self._candidates(resource)
             readiness = await self.isolation.current()
             try:
                 grant, done = self.allocator.allocate(
                     resource, device_ids, cands, backend=self.node_mode.backend,
                     node_labels=self.node_mode.labels,
-                    guard=self.isolation.guard_for(readiness),
+                    guard=self.isolation.guard_for(readiness), named=named, sure=sure,
                 )
                 break
             except IsolationUnavailable as e:

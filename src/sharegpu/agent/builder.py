@@ -22,6 +22,7 @@ from .kube import KubeApi
 from .nodemode import NodeMode
 from .nodewatch import NodeWatch
 from .nvml import Nvml
+from .podresources import PodNaming, PodResources
 from .service import Agent
 from .slicepublisher import SlicePublisher
 
@@ -46,8 +47,11 @@ def build_agent(config: AgentConfig, nvml: Nvml, kube: KubeApi,
     isolation = IsolationWatch(config, node_mode, allocator, kube, on_change=readvertise)
     health = HealthWatch(nvml, len(gpus), poll_s=config.health_poll_s,
                          recover_after_s=config.recover_after_s, on_change=readvertise)
+    naming = (PodNaming(PodResources(config.pod_resources_socket))
+              if config.pod_resources_socket else None)
     allocating = Allocations(node, allocator, FreshPods(kube, node), node_mode, isolation, kube,
-                             retries=config.allocate_retries, retry_s=config.allocate_retry_s)
+                             retries=config.allocate_retries, retry_s=config.allocate_retry_s,
+                             naming=naming)
     plugin_set = DevicePlugins(config.device_plugin_dir, allocating, node_name=node,
                                gpu_uuids=[g.uuid for g in gpus], kube=kube,
                                poll_s=config.kubelet_poll_s)
@@ -68,7 +72,8 @@ def build_agent(config: AgentConfig, nvml: Nvml, kube: KubeApi,
     dra_pool = DraPool(config.dra, config.dra_label, lambda: node_mode.labels, dra_plugin, node)
     advertiser = Advertiser(gpus, nvml, plugin_set.plugins, slices, node_mode, isolation, health,
                             dra_active=lambda: dra_pool.active)
-    node_watch = NodeWatch(node, kube, nvml, gpus, node_mode, isolation, advertiser, dra_pool)
+    node_watch = NodeWatch(node, kube, nvml, gpus, node_mode, isolation, advertiser, dra_pool,
+                           naming)
     return Agent(config=config, nvml=nvml, gpus=gpus, devices=devices, allocator=allocator,
                  node_mode=node_mode, isolation=isolation, health=health,
                  plugin_set=plugin_set, allocating=allocating, advertiser=advertiser,

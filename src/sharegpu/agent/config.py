@@ -12,6 +12,9 @@ from .isolation import Backend, IsolationConfig
 class AgentConfig:
     node_name: str
     device_plugin_dir: str = "/var/lib/kubelet/device-plugins"
+    # the kubelet's pod-resources socket, through which the agent names the pod of each
+    # Allocate ("": not used; look-alike pods then start one placement at a time)
+    pod_resources_socket: str = ""
     state_dir: str = "/var/lib/sharegpu"
     isolation: str = "auto"
     # the back-end "auto" gives a core_mem node: hami, or hami-mps (opt-in, docs/isolation.md)

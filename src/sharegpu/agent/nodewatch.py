@@ -18,6 +18,7 @@ from .isolationwatch import IsolationWatch
 from .kube import KubeApi
 from .nodemode import NodeMode
 from .nvml import Gpu, Nvml
+from .podresources import PodNaming
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,7 @@ log = logging.getLogger(__name__)
 class NodeWatch:
     def __init__(self, node_name: str, kube: KubeApi, nvml: Nvml, gpus: Sequence[Gpu],
                  node_mode: NodeMode, isolation: IsolationWatch, advertiser: Advertiser,
-                 dra_pool: DraPool) -> None:
+                 dra_pool: DraPool, naming: PodNaming | None = None) -> None:
         self.node_name = node_name
         self.kube = kube
         self.nvml = nvml
@@ -34,6 +35,8 @@ class NodeWatch:
         self.isolation = isolation
         self.advertiser = advertiser
         self.dra_pool = dra_pool
+        self.naming = naming
+        self._kubelet_version = ""
 
     async def start(self) -> None:
         """Read the node, settle the mode, and publish what the agent knows of the GPUs."""
@@ -42,7 +45,21 @@ class NodeWatch:
         nm.labels = dict((node.get("metadata") or {}).get("labels") or {})
         nm.mode = nm.initial(node)
         nm.write_current()
+        await self._decide_naming(node)
         await self._publish_node(explicit=nm.label_mode() is not None)
+
+    async def _decide_naming(self, node: Mapping) -> None:
+        if self.naming is None:
+            return
+        self._kubelet_version = str(((node.get("status") or {}).get("nodeInfo") or {})
+                                    .get("kubeletVersion") or "")
+        if await self.naming.decide(self._kubelet_version):
+            log.info("node %s: the kubelet's pod-resources API names each pod it admits; "
+                     "look-alike pods may start together", self.node_name)
+        else:
+            log.warning("node %s: pods are not named through the kubelet's pod-resources API "
+                        "(%s); look-alike pods start one placement at a time",
+                        self.node_name, self.naming.why_not)
 
     async def _get_node(self) -> dict:
         """The node object, waiting for the API server (an agent that crashes while the API is
@@ -70,6 +87,8 @@ class NodeWatch:
         }
         if explicit or nm.remembered:
             annotations[names.ANN_NODE_LAST_MODE] = nm.mode.value
+        promised = self.naming is not None and self.naming.promised
+        annotations[names.ANN_NODE_POD_RESOURCES] = "v1" if promised else None
         if self.gpus:
             first = self.gpus[0]
             labels.update(card_model_labels(first.name, first.mem_mib, len(self.gpus)))
@@ -111,6 +130,22 @@ class NodeWatch:
         await self.isolation.check(publish=False)
         await self.advertiser.refresh()
         await self.isolation.publish_condition()
+
+    async def keep_naming(self, every_s: float = 15.0) -> None:
+        """Until the node promised to name pods, try again (the kubelet's pod-resources socket
+        may come up after the agent), and publish the promise once made."""
+        while self.naming is not None and not self.naming.promised:
+            await asyncio.sleep(every_s)
+            try:
+                node = await self.kube.get_node(self.node_name)
+                await self._decide_naming(node)
+                if self.naming.promised:
+                    await self.kube.patch_node_metadata(
+                        self.node_name, annotations={names.ANN_NODE_POD_RESOURCES: "v1"})
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.warning("node %s: deciding on pod naming failed: %s", self.node_name, e)
 
     async def run(self) -> None:
         """Follow the node's labels, re-watching with back-off when the watch breaks."""

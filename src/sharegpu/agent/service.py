@@ -74,6 +74,7 @@ class Agent:
             asyncio.create_task(self.plugin_set.watch_kubelet(), name="watch-kubelet"),
             asyncio.create_task(self.health.run(), name="watch-health"),
             asyncio.create_task(self.isolation.run(), name="watch-isolation"),
+            asyncio.create_task(self.node_watch.keep_naming(), name="pod-naming"),
         ]
         log.info("agent on %s: %d GPU(s) %s, mode %s", self.config.node_name, len(self.gpus),
                  [g.mem_gib for g in self.gpus], self.mode)
@@ -87,6 +88,8 @@ class Agent:
         await self.dra_pool.stop()
         if self.slices is not None:
             await self.slices.stop()
+        if self.allocating.naming is not None:
+            await self.allocating.naming.client.close()
 
     async def run_forever(self) -> None:
         await self.start()

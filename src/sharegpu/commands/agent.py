@@ -27,6 +27,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="this node's name (default: $NODE_NAME)")
     p.add_argument("--device-plugin-dir", default="/var/lib/kubelet/device-plugins",
                    help="the kubelet's device-plugin directory (kubelet.sock)")
+    p.add_argument("--pod-resources-socket", default="", metavar="PATH",
+                   help="the kubelet's pod-resources socket (the chart: /var/lib/kubelet/"
+                        "pod-resources/kubelet.sock): the agent names the pod of each Allocate "
+                        "through it, so look-alike pods start together (default: not used)")
     p.add_argument("--state-dir", default="/var/lib/sharegpu",
                    help="where the last explicit mode is remembered")
     p.add_argument("--isolation", default="auto",
@@ -178,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
     config = AgentConfig(
         node_name=args.node_name,
         device_plugin_dir=args.device_plugin_dir,
+        pod_resources_socket=args.pod_resources_socket,
         state_dir=args.state_dir,
         isolation=args.isolation,
         core_mem_isolation=core_mem,

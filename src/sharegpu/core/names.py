@@ -61,6 +61,9 @@ CORE_STEP: Final = 5
 ANN_NODE_GPU_MEM: Final = "sharegpu.io/gpu-mem"  # GiB per GPU in index order, e.g. "15,15,32,32"
 ANN_NODE_GPU_TOPOLOGY: Final = "sharegpu.io/gpu-topology"  # JSON matrix of nvidia-smi link kinds
 ANN_NODE_LAST_MODE: Final = "sharegpu.io/last-mode"  # last explicit ack.node.gpu.schedule value
+# "v1": the agent names the pod of each Allocate through the kubelet's pod-resources API, so
+# look-alike pods may start together on the node (sharegpu.core.startingpods)
+ANN_NODE_POD_RESOURCES: Final = "sharegpu.io/pod-resources"
 # the node condition the agent keeps: is the node's isolation back-end usable (read by the
 # extender's DRA diagnosis)
 CONDITION_ISOLATION: Final = "GPUIsolationReady"

@@ -75,9 +75,11 @@ class Conflict:
 
 class StartingPods:
     """The starting pods of every node, indexed by the requests of their first GPU
-    container."""
+    container. ``naming``: the nodes whose agent names the pod of each kubelet call (through
+    the kubelet's pod-resources API): there no starting pod conflicts with another."""
 
-    def __init__(self) -> None:
+    def __init__(self, naming: set[str] | None = None) -> None:
+        self.naming: set[str] = naming if naming is not None else set()
         # node -> first container's kubelet request -> pod -> the pod's grant
         self._nodes: dict[str, dict[KubeletRequest, dict[str, tuple[Grant, ...]]]] = {}
         self._pods: dict[str, tuple[str, tuple[KubeletRequest, ...]]] = {}
@@ -120,7 +122,7 @@ class StartingPods:
         """The first starting pod on ``node`` that the kubelet could not tell from ``req``
         placed as ``alloc``, or ``None``."""
         at = self._nodes.get(node)
-        if not at:
+        if not at or node in self.naming:
             return None
         grant = pod_grant(req, alloc)
         for a in first_requests(req):

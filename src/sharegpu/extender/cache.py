@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Protocol
 
-from ..core import hostresources
+from ..core import hostresources, names
 from ..core.annotations import Allocation, is_assigned
 from ..core.errors import PlacementError, ValidationError
 from ..core.modes import Mode
@@ -104,7 +104,9 @@ class ClusterCache:
         self.inflight: dict[str, Reservation] = {}
         # bound (or being bound) pods the kubelet has not started: the binder keeps the pods
         # it binds distinguishable to the kubelet (sharegpu.core.startingpods)
-        self.starting = StartingPods()
+        # the nodes whose agent names each pod to the kubelet (sharegpu.io/pod-resources)
+        self.naming_nodes: set[str] = set()
+        self.starting = StartingPods(self.naming_nodes)
         # bound GPU pods without a recorded decision, charged conservatively (key -> node)
         self.unseen: dict[str, str] = {}
         # called with such a pod the first time it is seen (the replica posts an Event)
@@ -141,7 +143,9 @@ class ClusterCache:
         state = ClusterState()
         specs: dict[str, NodeSpec] = {}
         self.gpus.nodes_reset()
+        self.naming_nodes.clear()
         for obj in nodes:
+            self._note_naming(obj)
             spec = self._spec(obj)
             if spec is not None:
                 state.add_node(spec)
@@ -154,7 +158,7 @@ class ClusterCache:
         listed: list[str] = []
         tracking = bool(self._change_logs)
         reader, inflight = self.reader, self.inflight
-        starting = StartingPods()
+        starting = StartingPods(self.naming_nodes)
         bad = 0
         waiting: list[tuple[str, Mapping[str, Any]]] = []  # unbound pods with claims
         for obj in pods:  # the same answers as placement_of, known_bound, unannotated_gpu_pod
@@ -330,9 +334,19 @@ class ClusterCache:
             # keep the last good view of the node rather than dropping its pods
             return self.specs.get(name)
 
+    def _note_naming(self, obj: Mapping[str, Any]) -> str:
+        """Whether the node's agent names each pod to the kubelet; the node's name."""
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name") or "")
+        if (meta.get("annotations") or {}).get(names.ANN_NODE_POD_RESOURCES) == "v1":
+            self.naming_nodes.add(name)
+        else:
+            self.naming_nodes.discard(name)
+        return name
+
     def upsert_node(self, obj: Mapping[str, Any]) -> None:
         spec = self._spec(obj)
-        name = str((obj.get("metadata") or {}).get("name") or "")
+        name = self._note_naming(obj)
         if spec is None:
             if name in self.state.index:
                 self.delete_node(name, forget=False)
@@ -361,6 +375,8 @@ class ClusterCache:
         """``forget``: the Node is gone (else it only has no GPUs now; a ResourceSlice may
         give it some)."""
         keys: list[str] = []
+        if forget:
+            self.naming_nodes.discard(name)
         if name in self.state.index:
             self.nodes_version += 1
             keys = self.state.remove_node(name)

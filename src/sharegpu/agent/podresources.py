@@ -1,0 +1,133 @@
+"""The pod the kubelet is admitting, read from the kubelet's pod-resources API (``List`` on
+``/var/lib/kubelet/pod-resources/kubelet.sock``).
+
+The kubelet admits one pod at a time: it adds the pod to its pod manager, then its device
+manager asks the plugins (GetPreferredAllocation, Allocate) container by container, and records
+a container's devices once the plugin answered. ``List`` shows the active pods (kubelet 1.34 and
+later: pods rejected at admission are terminal and left out) with the devices each container
+holds. So among the pods waiting for devices, the one listed with a container that needs a
+resource and holds none of it yet is the pod the kubelet is asking about: the device plugins'
+calls name no pod, this names it (docs/agent.md, "How Allocate finds the pod").
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable
+
+import grpc
+
+from .allocate import Candidate
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+# From 1.34 the kubelet's List shows active pods only (KubeletPodResourcesListUseActivePods):
+# before, a pod the kubelet had rejected stayed listed without devices.
+MIN_KUBELET = (1, 34)
+LIST_TIMEOUT_S = 5.0
+
+# (namespace, name) -> container name -> resource -> device IDs
+Listing = dict[tuple[str, str], dict[str, dict[str, frozenset[str]]]]
+
+
+def kubelet_supported(version: str) -> bool:
+    """Whether a kubelet of this ``status.nodeInfo.kubeletVersion`` lists active pods only."""
+    m = re.match(r"v?(\d+)\.(\d+)", version or "")
+    return bool(m) and (int(m.group(1)), int(m.group(2))) >= MIN_KUBELET
+
+
+def admitting(listing: Listing, candidates: Iterable[Candidate], resource: str) -> set[str]:
+    """The pods (``Candidate.pod_key``) among ``candidates`` that the kubelet lists with a
+    container that needs ``resource`` and holds no device of it yet."""
+    out: set[str] = set()
+    for c in candidates:
+        if resource not in c.required:
+            continue
+        pod = listing.get((c.namespace, c.name))
+        if pod is None:
+            continue  # not in the kubelet's pod manager yet: not being admitted
+        held = pod.get(c.container_name)
+        if held is None or not held.get(resource):
+            out.add(c.pod_key)
+    return out
+
+
+class PodResources:
+    """A client of the kubelet's pod-resources socket."""
+
+    def __init__(self, socket: str = DEFAULT_SOCKET, timeout_s: float = LIST_TIMEOUT_S) -> None:
+        self.socket = socket
+        self.timeout_s = timeout_s
+        self.lists = 0
+        self.errors = 0
+        self._channel: grpc.aio.Channel | None = None
+
+    def _stub(self):  # type: ignore[no-untyped-def]
+        from .proto import podresources_v1_pb2_grpc as pr_grpc
+
+        if self._channel is None:
+            self._channel = grpc.aio.insecure_channel(f"unix://{self.socket}")
+        return pr_grpc.PodResourcesListerStub(self._channel)
+
+    async def list(self) -> Listing:
+        """Every active pod the kubelet lists, with each container's devices per resource.
+        Raises ``grpc.aio.AioRpcError`` (or ``TimeoutError``) when the kubelet does not answer."""
+        from .proto import podresources_v1_pb2 as pr
+
+        self.lists += 1
+        try:
+            resp = await self._stub().List(pr.ListPodResourcesRequest(), timeout=self.timeout_s)
+        except (TimeoutError, grpc.aio.AioRpcError):
+            self.errors += 1
+            raise
+        out: Listing = {}
+        for p in resp.pod_resources:
+            containers: dict[str, dict[str, frozenset[str]]] = {}
+            for c in p.containers:
+                by_res: dict[str, set[str]] = {}
+                for d in c.devices:
+                    by_res.setdefault(d.resource_name, set()).update(d.device_ids)
+                containers[c.name] = {r: frozenset(ids) for r, ids in by_res.items()}
+            out[(p.namespace, p.name)] = containers
+        return out
+
+    async def probe(self) -> str:
+        """Empty when ``List`` answers, else why not (for the log and the node's readiness)."""
+        try:
+            await self.list()
+            return ""
+        except (TimeoutError, grpc.aio.AioRpcError) as e:
+            detail = e.details() if isinstance(e, grpc.aio.AioRpcError) else "timed out"
+            return f"the kubelet's pod-resources API on {self.socket} did not answer: {detail}"
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+
+
+class PodNaming:
+    """The node's promise to the scheduler that its agent names the pod of each Allocate
+    through the kubelet's pod-resources API (the node annotation
+    ``sharegpu.io/pod-resources``): made at start when the kubelet is new enough and answers
+    ``List``; with it the extender lets look-alike pods start together on the node."""
+
+    def __init__(self, client: PodResources) -> None:
+        self.client = client
+        self.promised = False
+        self.why_not = "not decided yet"
+
+    async def decide(self, kubelet_version: str) -> bool:
+        if not kubelet_supported(kubelet_version):
+            self.why_not = (f"kubelet {kubelet_version or '(version unknown)'} lists pods it "
+                            "rejected beside those it admits (1.34 or later does not)")
+        else:
+            self.why_not = await self.client.probe()
+        self.promised = not self.why_not
+        return self.promised
+
+
+__all__ = ["DEFAULT_SOCKET", "Listing", "PodNaming", "PodResources", "admitting",
+           "kubelet_supported"]
