@@ -335,7 +335,7 @@ def test_pod_resources_api_lists_what_the_device_manager_gave(controlplane: Cont
                                                               admin: Client, namespace: str,
                                                               short_dir: Path) -> None:
     _run(controlplane, controlplane_binary, admin, namespace, short_dir, mode="cgpu", seed=10,
-         kubelet_first=False, pod_resources=True)
+         kubelet_first=False, pod_resources="checked")
 
 
 @pytest.mark.parametrize(("mode", "seed"), [("cgpu", 10), ("core_mem", 11)])
