@@ -105,10 +105,11 @@ def _run(cp: ControlPlane, binary: Path, admin: Client, namespace: str, d: Path,
     a bin-packing scheduler could place them, look-alike pods on different GPUs included.
 
     ``pod_resources`` (one batch only), the device manager serving the kubelet's pod-resources
-    API: ``"checked"``: read all along (:class:`PodResourcesPoller`) and after the report, and
-    one more pod, asking for more GPU memory than the node has, is bound with the others and
-    rejected; ``"agent"``: the agent is given the socket and must name the pod of each call
-    (the node then carries its promise, ``names.ANN_NODE_POD_RESOURCES``).
+    API, read all along (:class:`PodResourcesPoller`, another client of the API as a monitoring
+    agent would be) with never more than one pod waiting for its devices: ``"checked"``: read
+    after the report too, and one more pod, asking for more GPU memory than the node has, is
+    bound with the others and rejected; ``"agent"``: the agent is given the socket and must name
+    the pod of each call (the node then carries its promise, ``names.ANN_NODE_POD_RESOURCES``).
 
     Every admitted container must get its own pod's decision unless ``may_mismatch``; every pod
     must be admitted unless ``may_reject``."""
@@ -182,9 +183,10 @@ def _run(cp: ControlPlane, binary: Path, admin: Client, namespace: str, d: Path,
         agent.start()
         agent.wait_until(lambda: (d / "dp" / "sharegpu-gpu-mem.sock").exists(),
                          "its device-plugin sockets")
-        if pod_resources == "checked":
+        if pod_resources:
             requests = {ref: device_requests(p) for ref, p in pods.items()}
-            requests[f"{namespace}/too-big"] = device_requests(too_big)
+            if too_big is not None:
+                requests[f"{namespace}/too-big"] = device_requests(too_big)
             poller = PodResourcesPoller(sock, requests).start()
         if pod_resources != "agent":
             dm.start()
@@ -198,6 +200,8 @@ def _run(cp: ControlPlane, binary: Path, admin: Client, namespace: str, d: Path,
             listing = list_pod_resources(sock)
             dm.end_linger()
         report, wall = dm.finish()
+        if poller is not None:
+            poller.stop()
         assert agent.alive(), agent.log_tail()
         if pod_resources != "agent":  # published at the agent's start
             promise = (admin.get(Node, node).metadata.annotations or {}).get(
@@ -236,9 +240,16 @@ def _run(cp: ControlPlane, binary: Path, admin: Client, namespace: str, d: Path,
           f"{len(rejected)} pods rejected", file=sys.stderr)
     assert report["capacity"][names.RES_GPU_MEM] == sum(g.gib for g in gpus)
     assert len(report["pods"]) == n_pods
+    if poller is not None:
+        print(f"{mode}: pod-resources List read {poller.lists} times during the run "
+              f"({poller.with_pending} showing one pod waiting for its devices, "
+              f"{poller.refused} refused), {len(poller.violations)} showing several",
+              file=sys.stderr)
+        assert poller.lists > 0
+        assert poller.violations == [], poller.violations[:5]
     if pod_resources == "checked":
         assert poller is not None
-        _check_pod_resources(report, listing, poller, f"{namespace}/too-big", mode)
+        _check_pod_resources(report, listing, f"{namespace}/too-big")
     assert promise == ("v1" if pod_resources == "agent" else None)
     if not kubelet_first:
         assert batches == [n_pods]
@@ -292,17 +303,10 @@ def _look_alike_pods(pods: dict[str, dict[str, Any]]) -> int:
     return found
 
 
-def _check_pod_resources(report: dict[str, Any], listing: dict[str, Any],
-                         poller: PodResourcesPoller, rejected: str, mode: str) -> None:
-    """The pod-resources API against the device manager's report: the same pods (the admitted
-    ones), each container with the plugin device IDs the device manager gave it; and no answer
-    read during the admission with more than one pod waiting for its devices."""
-    print(f"{mode}: pod-resources List read {poller.lists} times during the run "
-          f"({poller.with_pending} showing one pod waiting for its devices, "
-          f"{poller.refused} refused), {len(poller.violations)} showing several",
-          file=sys.stderr)
-    assert poller.lists > 0
-    assert poller.violations == [], poller.violations[:5]
+def _check_pod_resources(report: dict[str, Any], listing: dict[str, Any], rejected: str) -> None:
+    """The pod-resources API after the admission against the device manager's report: the
+    same pods (the admitted ones), each container with the plugin device IDs the device manager
+    gave it."""
     by_ref = {f"{p['namespace']}/{p['name']}": p for p in report["pods"]}
     assert not by_ref[rejected]["admitted"], by_ref[rejected]
     assert "requested number of devices unavailable" in by_ref[rejected]["message"]
