@@ -157,7 +157,7 @@ func runKubeletDeviceManager(args []string) int {
 	fs.StringVar(&o.output, "output", "", "write the JSON report here (default: stdout)")
 	fs.DurationVar(&o.linger, "linger", 0, "keep serving kubelet.sock this long after the report")
 	fs.StringVar(&o.podResources, "pod-resources-socket", "",
-		"serve the kubelet's pod-resources API on this unix socket (not under /var/lib with another --device-plugin-dir)")
+		"serve the kubelet's pod-resources API (v1) on this unix socket, from before the pods are taken")
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
 	fs.Var(klogFlagValue{klogFlags, "v"}, "v", "log verbosity (klog)")
@@ -174,6 +174,21 @@ func runKubeletDeviceManager(args []string) int {
 		fmt.Fprintf(os.Stderr, "kubelet-devicemanager: --device-plugin-dir: %v\n", err)
 		return 2
 	}
+	if o.podResources != "" {
+		if o.podResources, err = filepath.Abs(o.podResources); err != nil {
+			fmt.Fprintf(os.Stderr, "kubelet-devicemanager: --pod-resources-socket: %v\n", err)
+			return 2
+		}
+		// the private namespace of another --device-plugin-dir has a tmpfs on /var/lib: a
+		// socket there would be out of every client's sight
+		varLib := filepath.Dir(filepath.Dir(filepath.Clean(pluginapi.DevicePluginPath)))
+		if filepath.Clean(dir) != filepath.Clean(pluginapi.DevicePluginPath) &&
+			strings.HasPrefix(o.podResources, varLib+string(filepath.Separator)) {
+			fmt.Fprintf(os.Stderr, "kubelet-devicemanager: --pod-resources-socket %s: must not be under %s "+
+				"with --device-plugin-dir %s (a private tmpfs covers %s there)\n", o.podResources, varLib, dir, varLib)
+			return 2
+		}
+	}
 	if filepath.Clean(dir) != filepath.Clean(pluginapi.DevicePluginPath) && os.Getenv(namespacedEnv) == "" {
 		return reexecNamespaced(dir)
 	}
@@ -184,12 +199,6 @@ func runKubeletDeviceManager(args []string) int {
 		}
 	}
 	o.pluginDir = dir
-	if o.podResources != "" {
-		if o.podResources, err = filepath.Abs(o.podResources); err != nil {
-			fmt.Fprintf(os.Stderr, "kubelet-devicemanager: --pod-resources-socket: %v\n", err)
-			return 2
-		}
-	}
 	if err := runDeviceManager(o); err != nil {
 		fmt.Fprintf(os.Stderr, "kubelet-devicemanager: %v\n", err)
 		return 1
