@@ -172,10 +172,14 @@ def chart_scheduler_verbosity(docs: Sequence[Mapping[str, Any]]) -> str:
 
 
 def add_nodes(admin: Client, first: int, last: int, gpus: int, gpu_mem: int,
-              workers: int) -> float:
-    """Create nodes ``first``..``last - 1`` (cgpu, ``gpus`` × ``gpu_mem`` GiB); seconds taken."""
+              workers: int, naming: bool = True) -> float:
+    """Create nodes ``first``..``last - 1`` (cgpu, ``gpus`` × ``gpu_mem`` GiB; ``naming``: with
+    the promise an agent on kubelet 1.34 or later publishes, ``sharegpu.io/pod-resources``);
+    seconds taken."""
     def one(i: int) -> None:
         obj = gpu_node_object(f"gpu-{i:05d}", "cgpu", [gpu_mem] * gpus, RUN)
+        if naming:
+            obj["metadata"]["annotations"][names.ANN_NODE_POD_RESOURCES] = "v1"
         created = admin.create(Node.from_dict(obj))
         if created.spec is not None and created.spec.taints:
             raise BenchError(f"node {obj['metadata']['name']} was created with taints "
@@ -654,6 +658,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--before-src", type=Path,
                    help="a checkout of another sharegpu (e.g. `git worktree add ../before "
                         "main`): a third arm, ``before``, runs its extender with its chart")
+    p.add_argument("--no-pod-naming", action="store_true",
+                   help="nodes without the promise to name pods (sharegpu.io/pod-resources) "
+                        "that the chart's agents publish on kubelet 1.34 or later: look-alike "
+                        "pods then start one placement at a time (the starting-pods rule)")
     p.add_argument("--json", type=Path, help="also write every figure to this file")
     a = p.parse_args(argv)
     if a.nodes != sorted(a.nodes):
@@ -673,7 +681,8 @@ def main(argv: list[str] | None = None) -> int:
         APISERVER: ["--disable-admission-plugins=TaintNodesByCondition"]})
     results: list[dict[str, Any]] = []
     meta: dict[str, Any] = {"cpus": os.cpu_count(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-                            "load_before": os.getloadavg()}
+                            "load_before": os.getloadavg(),
+                            "nodes_name_pods": not a.no_pod_naming}
     try:
         cp.start()
         print(f"control plane up in {cp.startup_seconds['total']:.1f}s ({cp.workdir})",
@@ -682,7 +691,8 @@ def main(argv: list[str] | None = None) -> int:
         bench = Bench(cp, admin, a)
         have = 0
         for n in a.nodes:
-            took = add_nodes(admin, have, n, a.gpus, a.gpu_mem, a.workers)
+            took = add_nodes(admin, have, n, a.gpus, a.gpu_mem, a.workers,
+                             naming=not a.no_pod_naming)
             print(f"{n} nodes ({n - have} created in {took:.1f}s)", file=sys.stderr)
             have = n
             for rnd in range(a.rounds):

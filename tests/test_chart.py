@@ -869,6 +869,7 @@ DECLARED = {
     "sharegpu_agent_gpus", "sharegpu_agent_gpu_healthy", "sharegpu_agent_mode_info",
     "sharegpu_agent_registrations_total", "sharegpu_agent_allocations_total",
     "sharegpu_agent_allocation_failures_total", "sharegpu_agent_gpu_memory_used_bytes",
+    "sharegpu_agent_pod_resources_promised", "sharegpu_agent_pod_resources_named_total",
     "sharegpu_agent_container_gpu_memory_used_bytes",
     "sharegpu_agent_container_gpu_memory_allocated_bytes",
 }

@@ -354,6 +354,33 @@ def test_mode_changed_by_label_while_pods_run(real_release: RealNodeCluster,
     set_mode(cluster, gpu_node, "cgpu")
 
 
+def test_look_alike_pods_start_together_named_by_the_kubelet(real_release: RealNodeCluster,
+                                                             gpu_node: RealNode) -> None:
+    """The agent names each pod through the real kubelet's pod-resources API, so the node
+    carries the promise and eight pods of one shape, filling one GPU and spilling onto the
+    other (look-alike pods on different GPUs), are bound without waiting for each other and
+    start with their own shares."""
+    set_mode(real_release, gpu_node, "cgpu")
+    cp = real_release.cp
+    def promised() -> dict[str, Any] | None:
+        status, body = cp.request("GET", f"/api/v1/nodes/{gpu_node.name}")
+        n = json.loads(body) if status == 200 else {}
+        ann = (n.get("metadata") or {}).get("annotations") or {}
+        return n if ann.get(names.ANN_NODE_POD_RESOURCES) == "v1" else None
+
+    node = wait("the node's promise to name pods", promised, 120, every=1)
+    assert node["status"]["nodeInfo"]["kubeletVersion"].startswith("v1.37")
+    pods = run_batch(real_release, gpu_node, "cgpu", "look-alike",
+                     [(f"p{i}", [{MEM: 3}], {}) for i in range(8)])
+    gpus = {annotations.decode(p["metadata"]["annotations"]).gpus for p in pods}  # type: ignore[union-attr]
+    assert len(gpus) == 2, gpus  # the same request on two GPUs: not twins
+    for p in pods:
+        waits = [e for e in events(cp, WORKLOADS, p["metadata"]["name"])
+                 if "starting pod" in (e.get("message") or "")]
+        assert not waits, waits
+    delete_batch(real_release, "look-alike")
+
+
 def test_batch_after_kubelet_restart_and_table(real_release: RealNodeCluster,
                                                gpu_node: RealNode) -> None:
     """A batch admitted after a kubelet restart; then the whole table: >= 50 pods, 0

@@ -269,7 +269,8 @@ class Allocator:
             raise AllocationError(
                 f"{resource}: the kubelet's pod-resources API did not name the pod being "
                 f"admitted on node {self.node}, and the pods it may be ({refs}) were placed "
-                "differently; refusing to guess (the kubelet admits the pod again)")
+                "differently; refusing to guess: the kubelet fails this pod's admission "
+                "(UnexpectedAdmissionError) and its controller makes a new one")
 
     def _pool(self, candidates: Sequence[Candidate], resource: str, want: Mapping[int, int],
               exact: bool) -> list[Candidate]:

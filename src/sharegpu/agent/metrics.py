@@ -78,6 +78,12 @@ def render(agent: Agent, usage: Usage | None = None) -> str:
         f"sharegpu_agent_allocations_total {agent.allocations}",
         "# TYPE sharegpu_agent_allocation_failures_total counter",
         f"sharegpu_agent_allocation_failures_total {agent.allocation_failures}",
+        "# HELP sharegpu_agent_pod_resources_promised 1 when the node names each pod of the "
+        "kubelet's device-plugin calls through its pod-resources API",
+        "# TYPE sharegpu_agent_pod_resources_promised gauge",
+        f"sharegpu_agent_pod_resources_promised {int(agent.pods_named[0])}",
+        "# TYPE sharegpu_agent_pod_resources_named_total counter",
+        f"sharegpu_agent_pod_resources_named_total {agent.pods_named[1]}",
         "# HELP sharegpu_agent_isolation_ready 1 when the node's isolation back-end is usable",
         "# TYPE sharegpu_agent_isolation_ready gauge",
         f'sharegpu_agent_isolation_ready{{backend="{r.backend.value}"}} {int(r.ready)}',

@@ -156,6 +156,13 @@ class Agent:
         return self.allocating.failures
 
     @property
+    def pods_named(self) -> tuple[bool, int]:
+        """Whether the node promised to name pods through the kubelet's pod-resources API, and
+        how many Allocate and preference calls it named."""
+        naming = self.allocating.naming
+        return (naming is not None and naming.promised, self.allocating.named)
+
+    @property
     def dra_plugin(self) -> DraPlugin | None:
         return self.dra_pool.plugin
 
