@@ -39,6 +39,7 @@ import shutil
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -155,10 +156,11 @@ def _run(cp: ControlPlane, binary: Path, admin: Client, namespace: str, d: Path,
 
     sock = d / "pod-resources.sock" if pod_resources else None
     lib = standin_library()
+    metrics_port = free_port()
     agent = SharegpuProcess(cp, f"agent-{node}", [
         "agent", f"--node-name={node}", f"--kubeconfig={cp.admin_kubeconfig}", "--nvml=fake",
         f"--fake-gpus={GPUS}", f"--device-plugin-dir={d / 'dp'}", f"--state-dir={d / 'state'}",
-        "--isolation=hami", f"--hami-library={lib}", f"--metrics-listen=127.0.0.1:{free_port()}",
+        "--isolation=hami", f"--hami-library={lib}", f"--metrics-listen=127.0.0.1:{metrics_port}",
     ] + ([f"--pod-resources-socket={sock}"] if pod_resources == "agent" else []))
     resources = [names.RES_GPU_MEM] + ([names.RES_GPU_CORE] if mode == "core_mem" else [])
     n_pods = N_PODS + (too_big is not None)
@@ -203,6 +205,7 @@ def _run(cp: ControlPlane, binary: Path, admin: Client, namespace: str, d: Path,
         if poller is not None:
             poller.stop()
         assert agent.alive(), agent.log_tail()
+        metrics = _metrics(metrics_port)
         if pod_resources != "agent":  # published at the agent's start
             promise = (admin.get(Node, node).metadata.annotations or {}).get(
                 names.ANN_NODE_POD_RESOURCES)
@@ -251,6 +254,12 @@ def _run(cp: ControlPlane, binary: Path, admin: Client, namespace: str, d: Path,
         assert poller is not None
         _check_pod_resources(report, listing, f"{namespace}/too-big")
     assert promise == ("v1" if pod_resources == "agent" else None)
+    assert metrics["sharegpu_agent_pod_resources_promised"] == (1 if pod_resources == "agent" else 0)
+    if pod_resources == "agent":
+        # every GetPreferredAllocation and Allocate call named its pod
+        calls = (dm.count("Issuing a GetPreferredAllocation call")
+                 + dm.count("Making allocation request for device plugin"))
+        assert metrics["sharegpu_agent_pod_resources_named_total"] == calls > 0
     if not kubelet_first:
         assert batches == [n_pods]
     assert sum(len(p["containers"]) for p in report["pods"] if p["admitted"]) == sum(
@@ -285,6 +294,18 @@ def _run(cp: ControlPlane, binary: Path, admin: Client, namespace: str, d: Path,
     wait_for("every admitted pod marked assigned", all_assigned, timeout=30)
     return {"rejected": rejected, "look_alikes": look_alikes, "promise": promise,
             "wrong": sorted(wrong), "wrong_gpu": sorted(wrong_gpu)}
+
+
+def _metrics(port: int) -> dict[str, float]:
+    """The agent's /metrics samples without labels."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if line and not line.startswith("#") and "{" not in name:
+            out[name] = float(value)
+    return out
 
 
 def _look_alike_pods(pods: dict[str, dict[str, Any]]) -> int:
