@@ -5,13 +5,18 @@ package main
 // end-to-end tests drive a device plugin through the kubelet's own code:
 //
 //	sharegpu-controlplane kubelet-devicemanager --node NODE --kubeconfig FILE --expect-pods N \
-//	    [--device-plugin-dir DIR] [--wait-resources R,...] [--output FILE] [--timeout D]
+//	    [--device-plugin-dir DIR] [--wait-resources R,...] [--pod-resources-socket PATH] \
+//	    [--output FILE] [--timeout D]
 //
 //  1. devicemanager.NewManagerImpl with a "none"-policy topology manager
 //     (topologymanager.NewManager with the kubelet's default policy) and the device manager added
 //     to it as a hint provider, as pkg/kubelet/cm/container_manager_linux.go does; Start serves
 //     the Registration service on kubelet.sock (after removing, as the kubelet does, every
 //     socket in the directory, so running plugins see a kubelet restart).
+//     With --pod-resources-socket it then serves the kubelet's pod-resources API (v1 and
+//     v1alpha1, upstream's server; podresources.go) on PATH, its pods the pod manager's (a pod is
+//     added to it before its admission, as HandlePodAdditions does; rejected and terminal pods
+//     are not active) and its devices the device manager's.
 //  2. Plugins register; it waits until every --wait-resources resource (at least one) has
 //     healthy devices from ListAndWatch.
 //  3. The pods come from the kubelet's own pod source (pkg/kubelet/config: NewSourceApiserver, a
@@ -90,6 +95,7 @@ type dmOptions struct {
 	timeout       time.Duration
 	output        string
 	linger        time.Duration
+	podResources  string
 }
 
 // dmContainer is what one container got.
@@ -133,6 +139,7 @@ type dmReport struct {
 	Batches        [][]string         `json:"batches"` // the pods of each ADD update, as delivered
 	Pods           []dmPod            `json:"pods"`
 	Seconds        map[string]float64 `json:"seconds"`
+	PodResources   string             `json:"pod_resources_socket,omitempty"` // where the pod-resources API was served
 }
 
 func runKubeletDeviceManager(args []string) int {
@@ -149,6 +156,8 @@ func runKubeletDeviceManager(args []string) int {
 	fs.DurationVar(&o.timeout, "timeout", 120*time.Second, "give up waiting for devices or pods after this long")
 	fs.StringVar(&o.output, "output", "", "write the JSON report here (default: stdout)")
 	fs.DurationVar(&o.linger, "linger", 0, "keep serving kubelet.sock this long after the report")
+	fs.StringVar(&o.podResources, "pod-resources-socket", "",
+		"serve the kubelet's pod-resources API (v1) on this unix socket, from before the pods are taken")
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
 	fs.Var(klogFlagValue{klogFlags, "v"}, "v", "log verbosity (klog)")
@@ -164,6 +173,21 @@ func runKubeletDeviceManager(args []string) int {
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "kubelet-devicemanager: --device-plugin-dir: %v\n", err)
 		return 2
+	}
+	if o.podResources != "" {
+		if o.podResources, err = filepath.Abs(o.podResources); err != nil {
+			fmt.Fprintf(os.Stderr, "kubelet-devicemanager: --pod-resources-socket: %v\n", err)
+			return 2
+		}
+		// the private namespace of another --device-plugin-dir has a tmpfs on /var/lib: a
+		// socket there would be out of every client's sight
+		varLib := filepath.Dir(filepath.Dir(filepath.Clean(pluginapi.DevicePluginPath)))
+		if filepath.Clean(dir) != filepath.Clean(pluginapi.DevicePluginPath) &&
+			strings.HasPrefix(o.podResources, varLib+string(filepath.Separator)) {
+			fmt.Fprintf(os.Stderr, "kubelet-devicemanager: --pod-resources-socket %s: must not be under %s "+
+				"with --device-plugin-dir %s (a private tmpfs covers %s there)\n", o.podResources, varLib, dir, varLib)
+			return 2
+		}
 	}
 	if filepath.Clean(dir) != filepath.Clean(pluginapi.DevicePluginPath) && os.Getenv(namespacedEnv) == "" {
 		return reexecNamespaced(dir)
@@ -279,6 +303,14 @@ func runDeviceManager(o dmOptions) error {
 	}
 	defer func() { _ = dm.Stop(logger) }()
 	fmt.Fprintf(os.Stderr, "kubelet-devicemanager: serving %s (device-plugin dir %s)\n", pluginapi.KubeletSocket, o.pluginDir)
+	if o.podResources != "" {
+		stop, err := servePodResources(ctx, o.podResources, pm, dm)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		fmt.Fprintf(os.Stderr, "kubelet-devicemanager: serving the pod-resources API on %s\n", o.podResources)
+	}
 
 	// The plugins register and list their devices before the pods come (the kubelet gives no
 	// such guarantee after a restart: a pod admitted before its plugin is back is rejected).
@@ -320,6 +352,7 @@ func runDeviceManager(o dmOptions) error {
 		Node: o.node, SocketDir: o.pluginDir,
 		Order:    "the kubelet's: each ADD update from its pod source sorted with sort.Sort(sliceutils.PodsByCreationTime) and admitted one pod at a time (topology manager Admit -> device manager Allocate); admitted pods start concurrently (GetDeviceRunContainerOptions)",
 		Capacity: quantities(capacity), Allocatable: quantities(allocatable), Seconds: seconds,
+		PodResources: o.podResources,
 	}
 	var results []*dmPod
 	var admitted []*v1.Pod
@@ -443,7 +476,8 @@ type readySources struct{}
 func (readySources) AddSource(string) {}
 func (readySources) AllReady() bool   { return true }
 
-// podManager is the kubelet's pod manager as far as the device manager sees it (activePods).
+// podManager is the kubelet's pod manager as far as the device manager (activePods) and the
+// pod-resources server (podresources.PodsProvider) see it; safe for concurrent use.
 type podManager struct {
 	mu       sync.Mutex
 	pods     map[string]*v1.Pod
@@ -488,6 +522,30 @@ func (m *podManager) active() []*v1.Pod {
 		out = append(out, p)
 	}
 	return out
+}
+
+// GetActivePods is the kubelet's GetActivePods: the pods added, less the rejected and terminal.
+func (m *podManager) GetActivePods() []*v1.Pod { return m.active() }
+
+// GetPods is every pod added, in the order added.
+func (m *podManager) GetPods() []*v1.Pod {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]*v1.Pod, 0, len(m.order))
+	for _, uid := range m.order {
+		out = append(out, m.pods[uid])
+	}
+	return out
+}
+
+// GetPodByName finds an active pod, as the kubelet's pods provider does.
+func (m *podManager) GetPodByName(namespace, name string) (*v1.Pod, bool) {
+	for _, p := range m.active() {
+		if p.Namespace == namespace && p.Name == name {
+			return p, true
+		}
+	}
+	return nil, false
 }
 
 type noSLI struct{}

@@ -6,25 +6,34 @@
   several GPUs (``aliyun.com/gpu-count``), memory and compute (``core_mem``).
 - :class:`DeviceManagerRun` runs ``sharegpu-controlplane kubelet-devicemanager`` (the kubelet's
   ``pkg/kubelet/cm/devicemanager`` behind the topology manager's admission, see
-  e2e/controlplane/devicemanager.go) and returns its JSON report.
+  e2e/controlplane/devicemanager.go) and returns its JSON report; with a pod-resources socket it
+  also serves the kubelet's pod-resources API there, read with :func:`list_pod_resources`.
 - :func:`expected` is what a container must get, read from its own pod's annotations and the
   fake NVML's GPUs alone; :func:`mismatches` compares every container of the report with it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import random
+import signal
 import subprocess
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
+
 from sharegpu.agent.allocate import ANN_GRANT
 from sharegpu.agent.devices import SEP
 from sharegpu.agent.isolation import HAMI_CONTAINER_LIBRARY
+from sharegpu.agent.proto import podresources_v1_pb2 as pr
+from sharegpu.agent.proto import podresources_v1_pb2_grpc as pr_grpc
 from sharegpu.core import names
 from sharegpu.core.annotations import Allocation, decode, encode
 from sharegpu.core.request import parse_pod
@@ -155,12 +164,21 @@ class DeviceManagerRun:
 
     def __init__(self, binary: Path, *, node: str, kubeconfig: Path, plugin_dir: Path,
                  expect_pods: int, output: Path, log: Path, wait_resources: Sequence[str],
-                 timeout: float = 240) -> None:
+                 timeout: float = 240, pod_resources_socket: Path | None = None,
+                 linger: float = 0) -> None:
+        """With ``pod_resources_socket`` it serves the kubelet's pod-resources API there from
+        before it takes the pods; with ``linger`` it keeps serving (kubelet.sock and that socket)
+        this many seconds after writing its report."""
         self.argv = [str(binary), "kubelet-devicemanager", f"--node={node}",
                      f"--kubeconfig={kubeconfig}", f"--device-plugin-dir={plugin_dir}",
                      f"--expect-pods={expect_pods}", f"--timeout={int(timeout)}s",
                      f"--wait-resources={','.join(wait_resources)}", f"--output={output}",
                      "--v=4"]
+        if pod_resources_socket is not None:
+            self.argv.append(f"--pod-resources-socket={pod_resources_socket}")
+        if linger:
+            self.argv.append(f"--linger={linger:g}s")
+        self.pod_resources_socket = pod_resources_socket
         self.output, self.log, self.timeout = output, log, timeout
         self.proc: subprocess.Popen[bytes] | None = None
         self.t0 = 0.0
@@ -189,6 +207,16 @@ class DeviceManagerRun:
                 raise AssertionError(f"kubelet-devicemanager not ready:\n{self.log_tail()}")
             time.sleep(0.05)
 
+    def wait_report(self) -> dict[str, Any]:
+        """Its report, once written (it may still be running: ``linger``)."""
+        assert self.proc is not None
+        deadline = time.monotonic() + self.timeout + 30
+        while not self.output.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"kubelet-devicemanager wrote no report:\n{self.log_tail()}")
+            time.sleep(0.05)
+        return json.loads(self.output.read_text())
+
     def finish(self) -> tuple[dict[str, Any], float]:
         """Its report and wall time, once it exits."""
         assert self.proc is not None
@@ -203,6 +231,12 @@ class DeviceManagerRun:
             raise AssertionError(f"kubelet-devicemanager exited {rc}:\n{self.log_tail()}")
         return json.loads(self.output.read_text()), wall
 
+    def end_linger(self) -> None:
+        """SIGTERM it: it stops lingering and exits 0 (read the report with :meth:`finish`)."""
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+
     def stop(self) -> None:
         from .controlplane import _kill_group
 
@@ -211,6 +245,86 @@ class DeviceManagerRun:
 
     def count(self, text: str) -> int:
         return self.log.read_text(errors="replace").count(text)
+
+
+def list_pod_resources(socket: Path, timeout: float = 10) -> dict[str, dict[str, dict[str, list[str]]]]:
+    """The kubelet's pod-resources API v1 ``List`` on ``socket``, through sharegpu's stubs:
+    "namespace/name" → container → resource → device IDs (sorted)."""
+    with grpc.insecure_channel(f"unix://{socket}") as channel:
+        resp = pr_grpc.PodResourcesListerStub(channel).List(pr.ListPodResourcesRequest(),
+                                                              timeout=timeout)
+    out: dict[str, dict[str, dict[str, list[str]]]] = {}
+    for p in resp.pod_resources:
+        containers = out.setdefault(f"{p.namespace}/{p.name}", {})
+        for c in p.containers:
+            devs = containers.setdefault(c.name, {})
+            for d in c.devices:
+                devs.setdefault(d.resource_name, []).extend(d.device_ids)
+            for ids in devs.values():
+                ids.sort()
+    return out
+
+
+def device_requests(pod: Mapping[str, Any]) -> dict[str, set[str]]:
+    """container → the device-plugin resources (sharegpu's) its limits ask for."""
+    ours = {names.RES_GPU_MEM, names.RES_GPU_CORE}
+    return {c["name"]: {r for r in (c.get("resources") or {}).get("limits") or {} if r in ours}
+            for c in pod["spec"]["containers"]}
+
+
+class PodResourcesPoller:
+    """Lists the pod-resources API over and over in a thread while the kubelet admits pods, and
+    counts in each answer the *pending* pods: those with a container that asks for one of its
+    device resources (``requests``: "namespace/name" → :func:`device_requests`) but holds none
+    of it. The kubelet adds a pod to its pod manager just before admitting it and allocates all
+    of its containers in the admission, so no answer may show more than one. Refusals by the
+    server's rate limiter, and a socket not there yet, are skipped."""
+
+    def __init__(self, socket: Path, requests: Mapping[str, Mapping[str, set[str]]],
+                 interval: float = 0.02) -> None:
+        self.socket, self.requests, self.interval = socket, requests, interval
+        self.lists = 0  # answers read
+        self.with_pending = 0  # answers showing exactly one pending pod
+        self.refused = 0  # calls refused (rate limit, no socket yet)
+        self.violations: list[list[str]] = []  # the pending pods of answers with several
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pod-resources-poller",
+                                        daemon=True)
+
+    def start(self) -> PodResourcesPoller:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                listing = list_pod_resources(self.socket, timeout=5)
+            except grpc.RpcError:
+                self.refused += 1
+                continue
+            self.lists += 1
+            pending = pending_pods(listing, self.requests)
+            if len(pending) > 1:
+                self.violations.append(pending)
+            elif pending:
+                self.with_pending += 1
+
+
+def pending_pods(listing: Mapping[str, Mapping[str, Mapping[str, list[str]]]],
+                 requests: Mapping[str, Mapping[str, set[str]]]) -> list[str]:
+    """The pods of a :func:`list_pod_resources` answer with a container that asks for a device
+    resource and holds none of it."""
+    out = []
+    for ref, containers in listing.items():
+        for name, resources in requests.get(ref, {}).items():
+            if any(not containers.get(name, {}).get(r) for r in resources):
+                out.append(ref)
+                break
+    return sorted(out)
 
 
 def expected(pod: Mapping[str, Any], container: int, gpus: Sequence[FakeGpu],
@@ -314,5 +428,6 @@ def mismatches(report: Mapping[str, Any], pods: Mapping[str, Mapping[str, Any]],
     return out
 
 
-__all__ = ["IMAGE", "DeviceManagerRun", "FakeGpu", "expected", "fake_gpus", "mismatches",
-           "place", "pod_object"]
+__all__ = ["IMAGE", "DeviceManagerRun", "FakeGpu", "PodResourcesPoller", "device_requests",
+           "expected", "fake_gpus", "list_pod_resources", "mismatches", "pending_pods", "place",
+           "pod_object"]
