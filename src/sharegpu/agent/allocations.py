@@ -48,7 +48,8 @@ class Allocations:
         self.allocations = 0
         self.failures = 0
         self.naming = naming  # the kubelet's pod-resources API, and the node's promise
-        self.named = 0  # Allocate and preference calls whose pod the kubelet's listing named
+        # preference and Allocate calls answered for the pod the kubelet's listing named
+        self.named = 0
         # resource -> (devices the last preference returned, the pod it named): the kubelet's
         # Allocate of exactly those devices follows it for the same container
         self._steered: dict[str, tuple[frozenset[str], str]] = {}
@@ -67,7 +68,6 @@ class Allocations:
         last = self._steered.pop(resource, None)
         if last is not None and steered and last[0] == steered \
                 and any(c.pod_key == last[1] for c in cands):
-            self.named += 1
             return cands, last[1], True
         try:
             listing = await self.naming.client.list()
@@ -76,7 +76,6 @@ class Allocations:
             return cands, None, not self.naming.promised
         pods = admitting(listing, cands, resource)
         if len(pods) == 1:
-            self.named += 1
             return cands, next(iter(pods)), True
         return cands, None, not self.naming.promised
 
@@ -87,6 +86,7 @@ class Allocations:
         ids = self.allocator.preferred(resource, cands, available, must_include, size,
                                        named=named)
         if named is not None:
+            self.named += 1
             self._steered[resource] = (frozenset(ids), named)
         return ids
 
@@ -116,6 +116,7 @@ class Allocations:
                 await asyncio.sleep(self.retry_s)
         self._open_dirs(resource, grant)
         self.allocations += 1
+        self.named += named is not None
         c = grant.candidate
         if c is not None:
             log.info("%s: %s -> GPU %s", resource, c.ref, ",".join(map(str, grant.gpus)))
