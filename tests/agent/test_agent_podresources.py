@@ -158,8 +158,7 @@ async def test_a_promise_it_cannot_keep_refuses_to_guess(short_dir):
         assert "default/a" in (e.value.details() or "")
         # twins: both on GPU 3
         for n in ("a", "b"):
-            h.kube.delete_pod("default", n) if hasattr(h.kube, "delete_pod") else \
-                h.kube.pods.pop(("default", n))
+            h.kube.pods.pop(("default", n))
         pr.pods.clear()
         twins = [make_pod(n, [{"mem": 2}], alloc={0: {3: 2}}, assume=5 + i)
                  for i, n in enumerate(("e", "f"))]

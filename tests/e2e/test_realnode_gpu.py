@@ -363,9 +363,8 @@ def test_look_alike_pods_start_together_named_by_the_kubelet(real_release: RealN
     set_mode(real_release, gpu_node, "cgpu")
     cp = real_release.cp
     def promised() -> dict[str, Any] | None:
-        status, body = cp.request("GET", f"/api/v1/nodes/{gpu_node.name}")
-        n = json.loads(body) if status == 200 else {}
-        ann = (n.get("metadata") or {}).get("annotations") or {}
+        n = node_obj(real_release, gpu_node)
+        ann = n["metadata"].get("annotations") or {}
         return n if ann.get(names.ANN_NODE_POD_RESOURCES) == "v1" else None
 
     node = wait("the node's promise to name pods", promised, 120, every=1)

@@ -36,7 +36,6 @@ class NodeWatch:
         self.advertiser = advertiser
         self.dra_pool = dra_pool
         self.naming = naming
-        self._kubelet_version = ""
 
     async def start(self) -> None:
         """Read the node, settle the mode, and publish what the agent knows of the GPUs."""
@@ -51,9 +50,9 @@ class NodeWatch:
     async def _decide_naming(self, node: Mapping) -> None:
         if self.naming is None:
             return
-        self._kubelet_version = str(((node.get("status") or {}).get("nodeInfo") or {})
-                                    .get("kubeletVersion") or "")
-        if await self.naming.decide(self._kubelet_version):
+        version = str(((node.get("status") or {}).get("nodeInfo") or {})
+                      .get("kubeletVersion") or "")
+        if await self.naming.decide(version):
             log.info("node %s: the kubelet's pod-resources API names each pod it admits; "
                      "look-alike pods may start together", self.node_name)
         else:

@@ -62,8 +62,7 @@ class PodResources:
     def __init__(self, socket: str = DEFAULT_SOCKET, timeout_s: float = LIST_TIMEOUT_S) -> None:
         self.socket = socket
         self.timeout_s = timeout_s
-        self.lists = 0
-        self.errors = 0
+        self.errors = 0  # listings that got no answer
         self._channel: grpc.aio.Channel | None = None
 
     def _stub(self):  # type: ignore[no-untyped-def]
@@ -78,7 +77,6 @@ class PodResources:
         Raises ``grpc.aio.AioRpcError`` (or ``TimeoutError``) when the kubelet does not answer."""
         from .proto import podresources_v1_pb2 as pr
 
-        self.lists += 1
         delay = 0.02
         deadline = time.monotonic() + self.timeout_s
         while True:
@@ -107,7 +105,7 @@ class PodResources:
         return out
 
     async def probe(self) -> str:
-        """Empty when ``List`` answers, else why not (for the log and the node's readiness)."""
+        """Empty when ``List`` answers, else why not (for the log and the node's promise)."""
         try:
             await self.list()
             return ""
