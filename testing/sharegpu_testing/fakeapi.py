@@ -417,6 +417,10 @@ class FakeApiServer:
             decision = self.faults.decide(
                 call.verb, call.resource, call.name or "", call.rtype.group
             )
+            if decision.latency and decision.lands and call.verb != "watch":
+                # carried out even if the client leaves meanwhile (the handler is cancelled then)
+                return await asyncio.shield(asyncio.ensure_future(
+                    self._after(request, call, decision)))
             if decision.latency:
                 await asyncio.sleep(decision.latency)
             if decision.error is not None and not decision.after_commit:
@@ -450,6 +454,24 @@ class FakeApiServer:
             _log.exception("fake API server: %s %s failed", request.method, request.path)
             self._record(request, call.verb if call else "unknown", call, 500, body)
             return _error_response(st.internal(repr(e)))
+
+    async def _after(self, request: web.Request, call: Call, decision: Any) -> web.StreamResponse:
+        """A request that lands: its body read at once, then the latency, then the rest."""
+        body: Any = None
+        try:
+            if request.method in ("POST", "PUT", "PATCH"):
+                body = await self._read_body(request, call)
+            await asyncio.sleep(decision.latency)
+            if decision.error is not None and not decision.after_commit:
+                raise decision.error
+            resp = self._dispatch(request, call, body)
+            if decision.error is not None:
+                raise decision.error
+            self._record(request, call.verb, call, resp.status, body)
+            return resp
+        except st.StatusError as e:
+            self._record(request, call.verb, call, e.code, body)
+            return _error_response(e)
 
     async def _read_body(self, request: web.Request, call: Call) -> Any:
         raw = await request.read()

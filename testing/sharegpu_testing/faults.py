@@ -57,6 +57,7 @@ class FaultRule:
     times: int | None = None
     fired: int = 0
     cut_watch: str | None = None  # "clean" or "abrupt": end a watch after an event it sent
+    lands: bool = False  # the request completes after its latency even if its client left
 
     def matches(self, verb: str, resource: str) -> bool:
         if self.times is not None and self.fired >= self.times:
@@ -84,6 +85,7 @@ class Decision:
     latency: float = 0.0
     error: st.StatusError | None = None
     after_commit: bool = False
+    lands: bool = False
     rules: list[FaultRule] = field(default_factory=list)
 
 
@@ -133,11 +135,16 @@ class Faults:
         resources: str | Iterable[str] | None = None,
         rate: float = 1.0,
         times: int | None = None,
+        lands: bool = False,
     ) -> FaultRule:
-        """Add ``seconds`` of latency before matching requests are handled."""
+        """Add ``seconds`` of latency before matching requests are handled. ``lands``: the
+        request is carried out after the latency even when its client gave up meanwhile, as
+        kube-apiserver's storage commits a write already under way (otherwise a client that
+        goes away cancels it)."""
         if seconds < 0:
             raise ValueError(f"seconds={seconds!r}: must be >= 0")
-        rule = FaultRule(_verbs(verbs), _resources(resources), rate, None, seconds, False, times)
+        rule = FaultRule(_verbs(verbs), _resources(resources), rate, None, seconds, False, times,
+                         lands=lands)
         with self._lock:
             self._rules.append(rule)
         return rule
@@ -238,6 +245,7 @@ class Faults:
                 rule.fired += 1
                 d.rules.append(rule)
                 d.latency += rule.latency
+                d.lands = d.lands or rule.lands
                 if rule.code is not None and d.error is None:
                     plural = resource.split("/", 1)[0]
                     d.error = st.by_code(rule.code, plural, name, group)
