@@ -126,9 +126,9 @@ class Driver:
         last = ""
         for attempt in range(self.bind_retries):
             f = await self._post(s, "filter", {"Pod": pod, "NodeNames": self.node_names})
-            if f.get("Error"):
+            if f.get("Error"):  # kube-scheduler backs off as after a failed bind
                 last = f["Error"]
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(min(0.01 * 2 ** attempt, 1.0))
                 continue
             passed = f.get("NodeNames") or []
             if not passed:

@@ -17,7 +17,6 @@ import time
 from typing import Any
 
 import aiohttp
-import pytest
 
 from scheduler_driver import over_commits
 from sharegpu.extender.kube import KubeApi
@@ -47,8 +46,6 @@ async def _wait(pred: Any, timeout: float = 20.0) -> None:
         await asyncio.sleep(0.02)
 
 
-@pytest.mark.xfail(strict=True, reason="fails on the old code: the bind deadline counts from "
-                   "the handler, not from the request's first byte")
 def test_a_loop_stall_before_the_handler_does_not_push_the_binding_past_the_caller(
         fake_api_factory: Any) -> None:
     """The caller (kube-scheduler) gives up ``PATIENCE`` s after its request's first byte. The
@@ -99,8 +96,6 @@ def test_a_loop_stall_before_the_handler_does_not_push_the_binding_past_the_call
     asyncio.run(go())
 
 
-@pytest.mark.xfail(strict=True, reason="fails on the old code: a timed-out Binding's GPUs are "
-                   "released while the API server may still commit it")
 def test_a_binding_committed_after_the_bind_gave_up_keeps_its_gpus(
         fake_api_factory: Any) -> None:
     """The API server commits pod a's Binding ``API`` s after it was sent, past the extender's

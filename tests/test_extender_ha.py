@@ -64,7 +64,11 @@ def stored(fake: Any, pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [by[(p["metadata"]["namespace"], p["metadata"]["name"])] for p in pods]
 
 
-def test_followers_are_ready_and_forward_binds_to_the_leader(fake_api_factory: Any) -> None:
+def test_followers_are_ready_and_forward_filter_and_bind_to_the_leader(
+        fake_api_factory: Any) -> None:
+    """Both replicas are Ready; only the leader serves the verbs (/servingz). A follower
+    reached anyway passes filter and bind on to the leader (so the leader holds the pick) and
+    closes the connection after each answer (the caller reconnects through the Service)."""
     fake = fake_api_factory()
     fake.create(kobjects.node("n1", [16, 16], "cgpu"))
     pods = [kobjects.pod(f"p{i}", mem=4) for i in range(3)]
@@ -80,10 +84,24 @@ def test_followers_are_ready_and_forward_binds_to_the_leader(fake_api_factory: A
         async with aiohttp.ClientSession() as s:
             try:
                 await wait(lambda: b.elector is not None and b.elector.holder_url == url(a))
-                assert await ready(url(a), s) and await ready(url(b), s)  # both take traffic
+                assert await ready(url(a), s) and await ready(url(b), s)  # both are Ready
                 assert not b.is_leader() and not b.may_bind()
-                assert await schedule_once(s, url(b), pods[0], ["n1"]) == ""
-                assert b.forwarded == 1  # the follower passed the bind on
+                async with s.get(f"{url(a)}/servingz") as r:
+                    assert r.status == 200
+                async with s.get(f"{url(b)}/servingz") as r:
+                    assert r.status == 503
+                m0 = pods[0]["metadata"]
+                async with s.post(f"{url(b)}/filter",
+                                  json={"Pod": pods[0], "NodeNames": ["n1"]}) as r:
+                    assert (await r.json())["NodeNames"] == ["n1"]
+                    assert r.headers.get("Connection", "").lower() == "close"
+                assert a.view.held_pick("default/p0") == "n1"  # held where binds happen
+                assert b.forwarded == 1
+                async with s.post(f"{url(b)}/bind", json={
+                        "PodName": "p0", "PodNamespace": "default", "PodUID": m0["uid"],
+                        "Node": "n1"}) as r:
+                    assert (await r.json())["Error"] == ""
+                assert b.forwarded == 2  # the follower passed filter and bind on
                 assert fake.get("pods", "p0", "default")["spec"]["nodeName"] == "n1"
                 # a forwarded bind that reaches a follower is refused there, not sent on again
                 m = pods[1]["metadata"]
@@ -91,7 +109,7 @@ def test_followers_are_ready_and_forward_binds_to_the_leader(fake_api_factory: A
                                   json={"PodName": m["name"], "PodNamespace": "default",
                                         "PodUID": m["uid"], "Node": "n1"}) as r:
                     assert "not the leader" in (await r.json())["Error"]
-                assert b.forwarded == 1
+                assert b.forwarded == 2
                 lease = fake.get("leases", "sharegpu-extender", "kube-system")
                 assert lease["metadata"]["annotations"]["sharegpu.io/leader-url"] == url(a)
             finally:

@@ -129,13 +129,22 @@ def test_bind_is_idempotent_and_refuses_other_nodes() -> None:
 
 
 def test_failed_write_releases_the_reservation_and_reports_the_error() -> None:
+    """A refused write (409) releases at once; a server error (500: the write may have been
+    committed) keeps the GPUs until the outcome settles, then releases them."""
     pod = kobjects.pod("p", mem=4)
 
     async def body(env: Env) -> None:
+        binder = env.app.binder
+        assert binder is not None
+        binder.unsettled.grace = 0.0
         before = env.view.fingerprint()
         env.api.fail_writes = 1  # the binding fails with 500
         node, err = await env.schedule(pod)
         assert "500" in err and "injected" in err
+        assert env.view.fingerprint() != before and "default/p" in env.view.inflight  # kept
+        node, err = await env.schedule(pod)  # kube-scheduler's retry: refused, nothing freed
+        assert "no known outcome" in err and "default/p" in env.view.inflight
+        await binder.settle()  # the API server's timeout passed: the pod is unbound
         assert env.view.fingerprint() == before and not env.view.inflight
         # a conflicting change of the pod since it was read, each time: 409, released too
         real = env.api.bind
@@ -164,7 +173,9 @@ def test_failed_write_releases_the_reservation_and_reports_the_error() -> None:
 
         env.api.bind = failing_bind  # type: ignore[method-assign]
         node, err = await env.schedule(pod)
-        assert "etcd timeout" in err and env.view.fingerprint() == before
+        assert "etcd timeout" in err and "default/p" in env.view.inflight
+        await binder.settle()
+        assert env.view.fingerprint() == before
         node, err = await env.schedule(pod)
         assert (node, err) == ("a", "") and "default/p" in env.view.state.pods
 

@@ -86,6 +86,10 @@ def test_verbs_only_over_tls_and_the_probe_port_answers_no_verb(
         await r.start("127.0.0.1", 0, server_ctx(tls), probe=("127.0.0.1", 0))
         try:
             assert r.elector is not None and r.elector.url == f"https://127.0.0.1:{r.port}"
+            for _ in range(500):  # the verbs are served once it leads
+                if r.serves_verbs():
+                    break
+                await asyncio.sleep(0.02)
             # with the CA, verified under the Service's name (connected by IP): served
             ok = await raw_request(r.port, filt, client_ctx(tls.ca_cert), SERVICE)
             assert ok.startswith(b"HTTP/1.1 200") and b'"NodeNames":["n1"]' in ok, ok

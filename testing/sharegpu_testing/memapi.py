@@ -102,7 +102,7 @@ class MemoryApi(KubeApi):
 
     async def bind(self, namespace: str, name: str, uid: str, node: str,
                    annotations: Mapping[str, str] | None = None,
-                   resource_version: str = "") -> Any:
+                   resource_version: str = "", timeout_s: float | None = None) -> Any:
         """As kube-apiserver's Binding: uid and resourceVersion preconditions, then
         ``nodeName`` and the annotations in one update."""
         p = self._pod(namespace, name)

@@ -71,6 +71,7 @@ class Request:
     query: str = ""
     headers: Mapping[str, str] = field(default_factory=dict)  # names in lower case
     body: bytes = b""
+    started: float = 0.0  # loop time of the request's first byte (its caller's clock starts)
 
 
 @dataclass(slots=True)
@@ -78,6 +79,7 @@ class Response:
     status: int = 200
     body: bytes = b""
     content_type: str = "application/json"
+    close: bool = False  # close the connection after this answer (the client reconnects)
 
 
 def json_response(data: Any, status: int = 200) -> Response:
@@ -212,12 +214,14 @@ class _Connection(asyncio.Protocol):
         self.chunks.append(body)
 
     def on_message_complete(self) -> None:
+        started = self.request_started
         self.request_started = None
         url = self.url.decode("latin-1")
         path, _, query = url.partition("?")
         body = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
         req = Request(self.parser.get_method().decode("latin-1"), path, query, self.headers,
-                      body)
+                      body, started if started is not None
+                      else asyncio.get_running_loop().time())
         self.queue.append((req, bool(self.parser.should_keep_alive())))
         if len(self.queue) > MAX_QUEUED and self.transport is not None and not self.paused:
             self.transport.pause_reading()
@@ -234,7 +238,7 @@ class _Connection(asyncio.Protocol):
             except Exception as e:
                 out = self.server.crashed(req, e)
             if isinstance(out, Response):
-                self._write(out, keep)
+                self._write(out, keep and not out.close)
                 continue
             self.task = asyncio.get_running_loop().create_task(self._await(out, req, keep))
             self.server.running.add(self.task)
@@ -251,7 +255,10 @@ class _Connection(asyncio.Protocol):
         except Exception as e:
             resp = self.server.crashed(req, e)
         self.task = None
+        keep = keep and not resp.close
         self._write(resp, keep)
+        if not keep:
+            return
         if self.broken is not None:
             self._write(self.broken, keep=False, linger=True)
             return

@@ -146,10 +146,11 @@ class KubeApi:
 
     async def bind(self, namespace: str, name: str, uid: str, node: str,
                    annotations: Mapping[str, str] | None = None,
-                   resource_version: str = "") -> Any:
+                   resource_version: str = "", timeout_s: float | None = None) -> Any:
         """Create the pod's Binding. kube-apiserver sets ``nodeName`` and merges the Binding's
         ``annotations`` into the pod in one update, refused with 409 unless the pod still has
-        ``uid`` and, when given, ``resource_version``."""
+        ``uid`` and, when given, ``resource_version``. ``timeout_s``: the API server's own
+        ``timeout`` for the request (it gives the write up then; whole milliseconds)."""
         meta: dict[str, Any] = {"name": name, "namespace": namespace}
         if uid:
             meta["uid"] = uid
@@ -161,8 +162,9 @@ class KubeApi:
             "apiVersion": "v1", "kind": "Binding", "metadata": meta,
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
+        params = {"timeout": f"{max(1, int(timeout_s * 1000))}ms"} if timeout_s else None
         return await self.request("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding",
-                                  body)
+                                  body, params=params)
 
     async def create_event(self, event: Mapping[str, Any]) -> Any:
         ns = (event.get("metadata") or {}).get("namespace") or "default"

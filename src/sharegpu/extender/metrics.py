@@ -83,6 +83,22 @@ class _Counts(Collector):
         yield fam
 
 
+class _PickEnds:
+    """Held picks given back without their bind, by reason (the view's own count)."""
+
+    def __init__(self, view: Callable[[], ClusterView]) -> None:
+        self.view = view
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        fam = CounterMetricFamily("sharegpu_extender_picks_ended",
+                                  "held picks given back without their bind, by reason "
+                                  "(expired, refiltered, bind-refused, dropped, deleted, "
+                                  "bound-elsewhere, ended)", labels=("reason",))
+        for reason, n in sorted(self.view().holds.ended.items()):
+            fam.add_metric([reason], n)
+        yield fam
+
+
 class Metrics:
     def __init__(self, view: Callable[[], ClusterView] | None = None) -> None:
         self.registry = CollectorRegistry()
@@ -117,7 +133,17 @@ class Metrics:
         self.expired_picks = Gauge("sharegpu_extender_expired_picks",
                                    "picks given up without their binds since the start (the "
                                    "timeout passed)", registry=r)
+        self.late = _Counts("sharegpu_extender_late_answers",
+                            "answers given after their caller's deadline (counted from the "
+                            "request's first byte), by verb", ("verb",))
+        r.register(self.late)
+        self.unsettled = _Counts("sharegpu_extender_unsettled_binds",
+                                 "Bindings sent without a known outcome (their GPUs kept), "
+                                 "then how they settled: kept, confirmed, released, deleted",
+                                 ("outcome",))
+        r.register(self.unsettled)
         if view is not None:
+            r.register(_PickEnds(view))
             self.unannotated.set_function(lambda: len(view().unseen))
             self.held_picks.set_function(lambda: len(view().picks))
             self.expired_picks.set_function(lambda: view().picks.expired_total)

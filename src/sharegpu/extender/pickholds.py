@@ -1,16 +1,23 @@
 """The picks a filter answered with, held in the cluster cache as in-flight reservations until
 their binds: the feature object that gives them back (on their timeout, when the pod is
 filtered again, bound by someone else or deleted, or when a bound pod's record needs the room).
-The bookkeeping of which keys are held, and until when, is :class:`~.picks.HeldPicks`."""
+The bookkeeping of which keys are held, and until when, is :class:`~.picks.HeldPicks`.
+
+Each pick given back without its bind leaves one log line and is counted by reason
+(``ended``, exported as ``sharegpu_extender_picks_ended``)."""
 
 from __future__ import annotations
 
+import collections
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 from ..core.pods import is_terminated, node_of
 from .cache import ClusterCache
 from .picks import HeldPicks
+
+log = logging.getLogger(__name__)
 
 
 class PickHolds:
@@ -19,6 +26,12 @@ class PickHolds:
     def __init__(self, ledger: ClusterCache, picks: HeldPicks) -> None:
         self.ledger = ledger
         self.picks = picks
+        self.ended: collections.Counter[str] = collections.Counter()  # by reason
+
+    def _ended(self, key: str, node: str | None, reason: str, why: str = "") -> None:
+        self.ended[reason] += 1
+        log.info("pick %s on %s given back (%s)%s", key, node or "?", reason,
+                 f": {why}" if why else "")
 
     def hold(self, key: str, node: str) -> None:
         """``key``'s GPUs are reserved in flight on ``node``: held as its pick."""
@@ -39,27 +52,42 @@ class PickHolds:
         """Give back every pick whose timeout passed; their keys."""
         keys = self.picks.expired()
         for key in keys:
+            r = self.ledger.inflight.get(key)
             self.ledger.give_back(key)
+            self._ended(key, r.node if r is not None else None, "expired",
+                        f"no bind within {self.picks.timeout:g} s")
         return keys
 
     def drop(self, node: str | None = None) -> list[str]:
         """Give back every pick held (on ``node`` only, when given); their keys."""
         keys = self.picks.keys() if node is None else self.picks.on_node(node)
         for key in keys:
-            self.drop_one(key)
+            self.drop_one(key, "dropped", "this replica no longer binds" if node is None
+                          else f"a pod bound on {node} needs the room")
         return keys
 
-    def drop_one(self, key: str) -> None:
-        """Give back ``key``'s pick, if it holds one."""
-        if self.picks.take(key) is not None:
-            self.ledger.give_back(key)
+    def drop_one(self, key: str, reason: str = "refiltered", why: str = "") -> bool:
+        """Give back ``key``'s pick, if it holds one (whether it did)."""
+        node = self.picks.take(key)
+        if node is None:
+            return False
+        self.ledger.give_back(key)
+        self._ended(key, node, reason, why)
+        return True
+
+    def forget(self, key: str) -> None:
+        """The pod was deleted: its pick (the ledger drops its reservation) ends."""
+        node = self.picks.take(key)
+        if node is not None:
+            self._ended(key, node, "deleted")
 
     def on_pod(self, key: str, obj: Mapping[str, Any]) -> None:
         """A pod's event: a pick whose pod was bound by someone else (or ended) is no longer
         ours; its reservation goes without a trace."""
         ledger = self.ledger
         if key in ledger.inflight and key in self.picks and (node_of(obj) or is_terminated(obj)):
-            self.picks.take(key)
+            node = self.picks.take(key)
             ledger.inflight.pop(key, None)
             if key in ledger.state.pods:
                 ledger.scheduler.release(key)
+            self._ended(key, node, "bound-elsewhere" if node_of(obj) else "ended")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_TIMEOUT_S = 120.0  # outlasts kube-scheduler's usual Permit and PreBind waits
 
 
 class HeldPicks:

@@ -1,4 +1,5 @@
-"""The extender's HTTP service: POST /filter, /prioritize, /bind; GET /healthz, /readyz, /metrics.
+"""The extender's HTTP service: POST /filter, /prioritize, /bind; GET /healthz, /readyz,
+/servingz, /metrics.
 
 :meth:`ExtenderApp.server` serves all of them (over TLS in a cluster);
 :meth:`ExtenderApp.probe_server` serves only the three GETs, for kubelet probes and Prometheus on
@@ -9,6 +10,12 @@ answer sees one consistent state), encode. Bad payloads get HTTP 400 with an ``E
 field; nothing here raises a traceback at kube-scheduler. Filter and prioritize are plain
 functions, answered by :mod:`.httpserver` as soon as their request is read; bind awaits the API
 server.
+
+A verb's deadline counts from its request's first byte (``Request.started``, the caller's clock
+starts then): ``verb_timeout`` seconds, below kube-scheduler's ``httpTimeout`` by a margin. A
+replica that does not serve the verbs (a follower) passes filter and bind on to the one that
+does with what is left of that deadline (``forward``), and closes the connection after its
+answer, so that kube-scheduler's next request is sent through the Service again.
 """
 
 from __future__ import annotations
@@ -34,6 +41,14 @@ from .view import ClusterView
 
 log = logging.getLogger(__name__)
 
+ANSWER_MARGIN_S = 0.05  # a bind gives up this long before its deadline, to answer by then
+# the deadline a forwarded request carries: milliseconds left when the follower sent it
+BUDGET_HEADER = "x-sharegpu-budget-ms"
+FORWARDED = "x-sharegpu-forwarded-by"
+
+# (verb, body, forwarded already, deadline) -> the serving replica's answer, or None: answer here
+Forward = Callable[[str, bytes, bool, float], Awaitable["bytes | None"]]
+
 
 class ExtenderApp:
     """Everything one replica serves. ``is_ready`` says whether this replica should get traffic
@@ -43,8 +58,10 @@ class ExtenderApp:
                  events: EventRecorder | None = None,
                  is_ready: Callable[[], bool] | None = None,
                  is_synced: Callable[[], bool] | None = None,
-                 forward_bind: Callable[[bytes, bool], Awaitable[bytes | None]] | None = None,
-                 units: ResourcePolicies | None = None) -> None:
+                 forward: Forward | None = None,
+                 units: ResourcePolicies | None = None,
+                 verb_timeout: float | None = None,
+                 serves: Callable[[], bool] | None = None) -> None:
         self.view = view
         self.units = units  # ResourcePolicy: only the nodes of the pod's unit pass filter
         self.binder = binder
@@ -52,8 +69,13 @@ class ExtenderApp:
         self.events = events
         self.is_synced = is_synced or (lambda: view.synced)
         self.is_ready = is_ready or self.is_synced
-        # a follower passes binds on to the leader (replica.forward_bind)
-        self.forward_bind = forward_bind
+        # a follower passes filter and bind on to the leader (replica.forward)
+        self.forward = forward
+        # whether this replica serves the verbs itself (the leader; else it forwards them)
+        self.serves = serves or (lambda: True)
+        # seconds from a request's first byte to its deadline (below the caller's timeout)
+        self.verb_timeout = verb_timeout if verb_timeout is not None else (
+            binder.bind_timeout if binder is not None else 7.0)
         # the last prioritize answer the view gave and its encoding (the view gives the very
         # same dict again while nothing it read changed)
         self._encoded: tuple[dict[str, int], bytes] | None = None
@@ -62,11 +84,12 @@ class ExtenderApp:
 
     def routes(self) -> dict[tuple[str, str], Handler]:
         return {
-            ("POST", "/filter"): self._timed("filter", self.filter),
+            ("POST", "/filter"): self._forwarding("filter", self._timed("filter", self.filter)),
             ("POST", "/prioritize"): self._timed("prioritize", self.prioritize),
             ("POST", "/bind"): self._timed_async("bind", self.bind),
             ("GET", "/healthz"): self.healthz,
             ("GET", "/readyz"): self.readyz,
+            ("GET", "/servingz"): self.servingz,
             ("GET", "/metrics"): self.metrics_handler,
         }
 
@@ -80,6 +103,47 @@ class ExtenderApp:
 
     def probe_server(self) -> HttpServer:
         return HttpServer(self.probe_routes(), max_body=64 * 1024)
+
+    def deadline(self, request: Request) -> float:
+        """The request's deadline (``time.monotonic()``): ``verb_timeout`` after its first
+        byte, or sooner when a forwarding replica says less is left."""
+        age = asyncio.get_running_loop().time() - request.started if request.started else 0.0
+        left = self.verb_timeout - max(0.0, age)
+        budget = request.headers.get(BUDGET_HEADER, "")
+        if FORWARDED in request.headers and budget.isascii() and budget.isdigit():
+            left = min(left, int(budget) / 1000 - max(0.0, age))
+        return time.monotonic() + left
+
+    def _forwarding(self, verb: str, local: Callable[[Request], Response]
+                    ) -> Callable[[Request], Response | Awaitable[Response]]:
+        """``local`` where this replica serves the verb, else passed on to the one that does."""
+
+        def handler(request: Request) -> Response | Awaitable[Response]:
+            if self.forward is None or self.serves():
+                return local(request)
+            return self._forwarded(verb, request, local)
+
+        return handler
+
+    async def _forwarded(self, verb: str, request: Request,
+                         local: Callable[[Request], Response]) -> Response:
+        assert self.forward is not None
+        deadline = self.deadline(request)
+        got = await self.forward(verb, request.body, FORWARDED in request.headers, deadline)
+        if got is None:
+            return local(request)
+        self.metrics.decided(verb, "forwarded")
+        self._late(verb, deadline, request)
+        return Response(200, got, close=True)
+
+    def _late(self, verb: str, deadline: float, request: Request) -> None:
+        """Count (and log) an answer given after its deadline."""
+        over = time.monotonic() - deadline
+        if over > 0:
+            self.metrics.late.counts[(verb,)] += 1
+            log.warning("late answer: %s %s %.3f s past its deadline (%.3f s after its first "
+                        "byte)", verb, request.path, over,
+                        asyncio.get_running_loop().time() - request.started)
 
     def _timed(self, verb: str, fn: Callable[[Request], Response]
                ) -> Callable[[Request], Response]:
@@ -264,22 +328,27 @@ class ExtenderApp:
             return self._bad("bind", e, wire.binding_result(str(e)))
         if self.binder is None:
             return json_response(wire.binding_result("this sharegpu extender does not bind"))
-        if self.forward_bind is not None:
-            forwarded = await self.forward_bind(request.body,
-                                                "x-sharegpu-forwarded-by" in request.headers)
+        deadline = self.deadline(request)
+        if self.forward is not None:
+            forwarded = await self.forward("bind", request.body, FORWARDED in request.headers,
+                                           deadline)
             if forwarded is not None:
                 self.metrics.decided("bind", "forwarded")
-                return Response(200, forwarded)
+                self._late("bind", deadline, request)
+                return Response(200, forwarded, close=True)
         try:
-            out = await self.binder.bind(args)
+            out = await self.binder.bind(args, deadline - ANSWER_MARGIN_S)
         except BindError as e:
+            self._late("bind", deadline, request)
             self.metrics.failed("bind", e.reason)
             self.metrics.decided("bind", "error")
+            log.warning("bind %s to %s failed (%s): %s", args.key, args.node, e.reason, e)
             if e.reason not in ("not-leader", "read-pod"):
                 pod = {"metadata": {"name": args.pod_name, "namespace": args.pod_namespace,
                                     "uid": args.pod_uid}}
                 self._event(pod, REASON_BIND_FAILED, str(e))
             return json_response(wire.binding_result(str(e)))
+        self._late("bind", deadline, request)
         self.metrics.decided("bind", "already" if out.already else "ok")
         return json_response(wire.binding_result())
 
@@ -298,6 +367,12 @@ class ExtenderApp:
         if self.is_ready():
             return text_response("ok")
         return text_response("not ready", status=503)
+
+    def servingz(self, request: Request) -> Response:
+        """200 on the replica that serves the verbs (the one the Service sends them to)."""
+        if self.is_ready() and self.serves():
+            return text_response("serving")
+        return text_response("not serving (a follower forwards the verbs)", status=503)
 
     def metrics_handler(self, request: Request) -> Response:
         return Response(200, self.metrics.render(), CONTENT_TYPE_LATEST)

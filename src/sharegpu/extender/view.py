@@ -130,7 +130,7 @@ class ClusterView:
         self.gangs.on_pod_deleted(key)
         self.dra.dra_pod_event(key, None)
         self.learned.forget(key)
-        self.holds.take(key)
+        self.holds.forget(key)
         self.ledger.delete_pod(key)
 
     def reset(self, nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
