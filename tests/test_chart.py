@@ -355,9 +355,37 @@ def test_scheduler_profile_calls_the_extender_service():
     c = container(dep)
     assert c["image"] == "registry.k8s.io/kube-scheduler:v1.30.0"  # follows the cluster
     assert c["command"][:2] == ["kube-scheduler", "--config=/etc/sharegpu-scheduler/config.yaml"]
-    # the extender Service selects the extender pods
-    assert svc["spec"]["selector"].items() <= \
-        one(docs, "Deployment", "extender")["spec"]["template"]["metadata"]["labels"].items()
+    # the extender Service selects the extender pod that serves the verbs: the leader, which
+    # labels its own pod (--own-pod) sharegpu.io/extender-serving=true
+    ext_dep = one(docs, "Deployment", "extender")
+    selector = dict(svc["spec"]["selector"])
+    assert selector.pop("sharegpu.io/extender-serving") == "true"
+    assert selector.items() <= ext_dep["spec"]["template"]["metadata"]["labels"].items()
+    assert "--own-pod=$(POD_NAMESPACE)/$(POD_NAME)" in args_of(ext_dep)
+    assert {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {
+        "fieldPath": "metadata.namespace"}}} in container(ext_dep)["env"]
+    solo = render(None, KUBE, "extender.leaderElection.enabled=false")
+    assert "sharegpu.io/extender-serving" not in one(solo, "Service", "extender")["spec"][
+        "selector"]
+
+
+def test_bind_timeout_must_leave_a_margin_below_the_schedulers_http_timeout():
+    """A bind answers before kube-scheduler's httpTimeout: bindTimeout + 1 s at most."""
+    a = args_of(one(render(None), "Deployment", "extender"))
+    assert "--bind-timeout=7" in a and "--hold-timeout=120" in a
+    for sets in (("scheduler.httpTimeout=8s",), ("scheduler.httpTimeout=5s",),
+                 ("extender.bindTimeout=9",), ("scheduler.httpTimeout=7500ms",)):
+        r = run_helm("template", "x", str(CHART), "--kube-version", KUBE,
+                     *[f"--set={x}" for x in sets])
+        assert r.returncode != 0 and "must be below scheduler.httpTimeout" in r.stderr, sets
+    ok = render(None, KUBE, "scheduler.httpTimeout=1m", "extender.bindTimeout=30")
+    assert "--bind-timeout=30" in args_of(one(ok, "Deployment", "extender"))
+    r = run_helm("template", "x", str(CHART), "--kube-version", KUBE,
+                 "--set=scheduler.httpTimeout=10")
+    assert r.returncode != 0 and "httpTimeout" in r.stderr
+    r = run_helm("template", "x", str(CHART), "--kube-version", KUBE,
+                 "--set=extender.bindTimeout=4")
+    assert r.returncode != 0 and "must be above extender.startWait" in r.stderr
 
 
 def test_default_profile_mode_runs_no_scheduler_and_prints_the_config():

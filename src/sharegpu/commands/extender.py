@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
 import socket
 import ssl
@@ -174,10 +175,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "could not tell from it (docs/architecture.md, 'Starting pods'); keep "
                         "it below the scheduler's extender httpTimeout (default 5)")
     p.add_argument("--bind-timeout", type=positive_float, default=7.0,
-                   help="seconds a bind may take to create the pod's binding; past it the bind "
-                        "gives up without binding (kube-scheduler has counted it failed and "
-                        "places the pod again); keep it below the scheduler's extender "
-                        "httpTimeout and above --start-wait (default 7)")
+                   help="seconds from a verb request's first byte to its deadline: a bind "
+                        "gives up without binding then (kube-scheduler counts it failed at its "
+                        "httpTimeout and places the pod again), and the Binding carries what "
+                        "is left as the API server's timeout; keep it at least 1 s below the "
+                        "scheduler's extender httpTimeout (kube-scheduler's default: 5 s) and "
+                        "above --start-wait (default 7)")
+    p.add_argument("--hold-timeout", type=positive_float, default=120.0,
+                   help="seconds the node (and GPUs) a filter answered with stay held for the "
+                        "pod's bind; then given back (kube-scheduler's Permit and PreBind waits "
+                        "fall within it; default 120)")
+    p.add_argument("--own-pod", default="",
+                   help="namespace/name of this replica's pod: labelled "
+                        "sharegpu.io/extender-serving=true while it serves the verbs (the "
+                        "chart's Service selects on it); empty: no label")
     p.add_argument("--dra", action="store_true",
                    help="DRA mode (docs/dra.md): watch resource.k8s.io/v1 ResourceSlices and "
                         "ResourceClaims and rank DRA pods (the chart sets it with "
@@ -185,6 +196,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check-every", type=float, default=300.0,
                    help="seconds between consistency checks against the pod annotations")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+
+
+def own_pod(given: str) -> str:
+    """``--own-pod``: empty, or ``namespace/name`` (both DNS-1123 names)."""
+    if not given:
+        return ""
+    ns, _, name = given.partition("/")
+    dns = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+    if not dns.match(ns) or not dns.match(name):
+        raise ValidationError("--own-pod", given, "must be namespace/name (DNS-1123 names)")
+    return given
 
 
 def max_body_bytes(mib: int) -> int:
@@ -249,6 +271,7 @@ async def _serve(args: argparse.Namespace) -> int:
                       http_limits={"max_body": max_body_bytes(args.max_body_mib)},
                       forward_tls=tls.peer, forward_server_name=tls.server_name,
                       start_wait=args.start_wait, bind_timeout=args.bind_timeout,
+                      hold_timeout=args.hold_timeout, own_pod=own_pod(args.own_pod),
                       dra=args.dra)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
