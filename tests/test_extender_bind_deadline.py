@@ -144,3 +144,44 @@ def test_a_binding_committed_after_the_bind_gave_up_keeps_its_gpus(
             await r.api.close()
 
     asyncio.run(go())
+
+
+def test_the_consistency_check_lets_requests_run_while_it_reads_the_pods() -> None:
+    """The periodic check reads every listed pod: it gives the event loop back every
+    ``CHECK_CHUNK`` pods (a bind's answer is never held up by a whole list's parsing), and
+    finds what the one-step comparison finds."""
+    from sharegpu.core.annotations import encode
+    from sharegpu.core.state import Allocation
+    from sharegpu.extender.informer import CHECK_CHUNK, Informer
+    from sharegpu.extender.metrics import Metrics
+    from sharegpu.extender.view import ClusterView
+    from sharegpu_testing.memapi import MemoryApi
+
+    nodes = [kobjects.node(f"n{i}", [16] * 8, "cgpu") for i in range(50)]
+    pods = [kobjects.pod(f"p{i}", mem=1, node_name=f"n{i % 50}", annotations=encode(
+        Allocation(mem={0: {(i // 50) % 8: 1}}), assume_time_ns=1)) for i in range(3000)]
+    view = ClusterView()
+    view.reset(nodes, pods)
+    informer = Informer(MemoryApi(pods), view, Metrics(lambda: view), check_every=0)
+
+    async def go() -> tuple[list[str], int]:
+        turns = 0
+        done = False
+
+        async def tick() -> None:
+            nonlocal turns
+            while not done:
+                turns += 1
+                await asyncio.sleep(0)
+
+        t = asyncio.create_task(tick())
+        await asyncio.sleep(0)
+        turns = 0
+        diff = await informer.compare_async(pods)
+        done = True
+        await t
+        return diff, turns
+
+    diff, turns = asyncio.run(go())
+    assert diff == informer.compare(pods) == []
+    assert turns >= len(pods) // CHECK_CHUNK - 1, turns

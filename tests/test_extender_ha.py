@@ -238,3 +238,78 @@ def test_rolling_update_of_two_replicas_loses_no_bind(fake_api_factory: Any) -> 
                 await r.api.close()
 
     asyncio.run(go())
+
+
+def test_a_forwarded_bind_ends_within_the_callers_deadline(fake_api_factory: Any) -> None:
+    """The follower passes the bind on with what is left of its caller's deadline; the leader
+    binds within that, not within a deadline of its own counted from the forward's arrival:
+    with the API server answering the Binding in 3 s, the caller (1 s of bind timeout) has
+    its answer in time and no Binding lands afterwards."""
+    fake = fake_api_factory()
+    fake.create(kobjects.node("n1", [16], "cgpu"))
+    fake.create(kobjects.pod("p0", mem=4))
+    pod = stored(fake, [fake.get("pods", "p0", "default")])[0]
+    fake.faults.delay(3.0, verbs="create", resources="pods/binding")
+
+    async def go() -> None:
+        a, b = replica(fake, "a", bind_timeout=1.0), replica(fake, "b", bind_timeout=1.0)
+        await a.start()
+        await wait(a.is_leader)
+        await b.start()
+        try:
+            await wait(lambda: b.elector is not None and b.elector.holder_url == url(a)
+                       and b.view.synced and a.serves_verbs())
+            async with aiohttp.ClientSession() as s:
+                t0 = time.monotonic()
+                m = pod["metadata"]
+                async with s.post(f"{url(b)}/bind", json={
+                        "PodName": "p0", "PodNamespace": "default", "PodUID": m["uid"],
+                        "Node": "n1"}) as r:
+                    err = (await r.json())["Error"]
+                    took = time.monotonic() - t0
+                    assert r.headers.get("Connection", "").lower() == "close"
+            assert err and b.forwarded == 1
+            assert took < 2.5, took  # 1 s of deadline; 8 s before, and the leader's 7 s after
+            await asyncio.sleep(3.0)  # a Binding still on its way would have landed
+            assert not fake.get("pods", "p0", "default")["spec"].get("nodeName")
+        finally:
+            for r in (a, b):
+                await r.stop()
+                await r.api.close()
+
+    asyncio.run(go())
+
+
+def test_the_leader_labels_its_pod_for_the_service(fake_api_factory: Any) -> None:
+    """The Service selects sharegpu.io/extender-serving=true: the leader's pod carries it, the
+    follower's says false, and it moves with the lease."""
+    fake = fake_api_factory()
+    fake.create(kobjects.node("n1", [16], "cgpu"))
+    for name in ("ext-a", "ext-b"):
+        fake.create({"apiVersion": "v1", "kind": "Pod",
+                     "metadata": {"name": name, "namespace": "kube-system"},
+                     "spec": {"containers": [{"name": "c", "image": "x"}]}})
+    timing = {"lease_duration": 2.0, "renew_deadline": 1.4, "retry_period": 0.4}
+
+    def label(name: str) -> str | None:
+        pod = fake.get("pods", name, "kube-system")
+        return ((pod["metadata"].get("labels") or {}).get("sharegpu.io/extender-serving"))
+
+    async def go() -> None:
+        a = Replica(KubeApi.from_url(fake.url), identity="a", check_every=0,
+                    own_pod="kube-system/ext-a", **timing)
+        b = Replica(KubeApi.from_url(fake.url), identity="b", check_every=0,
+                    own_pod="kube-system/ext-b", **timing)
+        await a.start()
+        await wait(a.serves_verbs)
+        await b.start()
+        try:
+            await wait(lambda: label("ext-a") == "true" and label("ext-b") == "false")
+            await a.stop()  # gives the lease up
+            await wait(lambda: b.serves_verbs() and label("ext-b") == "true")
+        finally:
+            await b.stop()
+            for r in (a, b):
+                await r.api.close()
+
+    asyncio.run(go())

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from ..core.state import ClusterState
@@ -28,6 +28,8 @@ from .metrics import Metrics
 from .view import ClusterView
 
 log = logging.getLogger(__name__)
+
+CHECK_CHUNK = 500  # pods a consistency check reads between two turns of the event loop
 
 
 def _rv(obj: dict[str, Any]) -> str:
@@ -233,7 +235,7 @@ class Informer:
                 if have is not None and have >= want:
                     break
                 await asyncio.sleep(0.05)
-            diff = self.compare(pods, changed)
+            diff = await self.compare_async(pods, changed)
         finally:
             self.view.untrack_changes(changed)
         if diff:
@@ -253,32 +255,55 @@ class Informer:
         (a list). ``changed``: pods the view changed since the list began; they are taken
         from the view's own record (the list may predate them: created, bound or deleted
         since)."""
-        from ..core.errors import PlacementError, ValidationError
+        read = _Read()
+        for obj in pods:
+            self._read_pod(obj, changed, read)
+        return self._diff(read, changed)
+
+    async def compare_async(self, pods: list[dict[str, Any]],
+                            changed: Collection[str] = ()) -> list[str]:
+        """:meth:`compare`, reading the pods ``CHECK_CHUNK`` at a time and letting the event
+        loop run between chunks (requests are answered meanwhile); a pod the view changes
+        meanwhile joins ``changed`` and is taken from the view's record."""
+        read = _Read()
+        for i in range(0, len(pods), CHECK_CHUNK):
+            for obj in pods[i:i + CHECK_CHUNK]:
+                self._read_pod(obj, changed, read)
+            await asyncio.sleep(0)
+        return self._diff(read, changed)
+
+    def _read_pod(self, obj: Mapping[str, Any], changed: Collection[str], read: _Read) -> None:
+        from ..core.errors import ValidationError
         from ..core.hostresources import charges_node
 
         view = self.view
+        meta = obj.get("metadata") or {}
+        key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+        if key in view.inflight or key in changed:
+            return
+        node = charges_node(obj)
+        if node:
+            read.host.append((key, node, *view.reader.host(obj)))
+        try:
+            p = view.reader.placement(obj) or view.known_bound(obj)
+            u = None if p is not None else view.reader.unannotated(obj)
+        except ValidationError:
+            return
+        if p is not None:
+            read.placed.append((key, p))
+        elif u is not None:
+            read.unseen.append((key, u))
+
+    def _diff(self, read: _Read, changed: Collection[str]) -> list[str]:
+        from ..core.errors import PlacementError
+
+        view = self.view
         specs = [s for s in view.state.specs if s is not None]
-        placed = []
-        unseen = []
-        # bound, live pods with their host CPU and memory (charged unless held with GPUs)
-        host: list[tuple[str, str, int, int]] = []
-        for obj in pods:
-            meta = obj.get("metadata") or {}
-            key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
-            if key in view.inflight or key in changed:
-                continue
-            node = charges_node(obj)
-            if node:
-                host.append((key, node, *view.reader.host(obj)))
-            try:
-                p = view.reader.placement(obj) or view.known_bound(obj)
-                u = None if p is not None else view.reader.unannotated(obj)
-            except ValidationError:
-                continue
-            if p is not None:
-                placed.append(p)
-            elif u is not None:
-                unseen.append(u)
+        # a pod read before the view changed it (or took it in flight) is taken from the view
+        skip = set(changed) | set(view.inflight)
+        placed = [p for k, p in read.placed if k not in skip]
+        unseen = [u for k, u in read.unseen if k not in skip]
+        host = [h for h in read.host if h[0] not in skip]
         for key in changed:
             if key in view.inflight:
                 continue
@@ -312,6 +337,16 @@ class Informer:
                 pb = set(b[node][-1]) if node in b else set()  # type: ignore[index]
                 diff |= (pa ^ pb) or {f"node/{node}"}
         return sorted(diff)
+
+
+class _Read:
+    """What a consistency check read from the listed pods, by pod key."""
+
+    def __init__(self) -> None:
+        self.placed: list[tuple[str, Any]] = []
+        self.unseen: list[tuple[str, Any]] = []
+        # bound, live pods with their host CPU and memory (charged unless held with GPUs)
+        self.host: list[tuple[str, str, int, int]] = []
 
 
 __all__ = ["ApiError", "Informer"]
