@@ -18,7 +18,8 @@ from ..core import names
 from ..core.state import ClusterState
 from .view import ClusterView
 
-BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 7.5,
+           10.0)
 
 
 # (name, help, value of each GPU from (total, free GiB, free compute %, pods))
