@@ -109,3 +109,38 @@ def test_held_picks_expire_with_no_traffic(fake_api_factory: Any, caplog: Any) -
             await r.api.close()
 
     asyncio.run(go())
+
+
+def test_a_resourcepolicy_refusal_at_bind_gives_back_the_pick(fake_api_factory: Any) -> None:
+    """The pod's policy refuses the node bind names (in none of its units): refused before
+    any GPU is reserved for the bind, and the pick its filter held goes too."""
+    from test_resourcepolicy_e2e import nodes, policy, replica, start, web_pods
+
+    fake = fake_api_factory()
+    names = nodes(fake)
+    fake.create(kobjects.node("z0", [16, 16], "cgpu"))  # in no unit of the policy
+    fake.create(policy())
+    (pod,) = web_pods(fake, 0, 1, mem=16)
+
+    async def go() -> None:
+        r = await start(replica(fake, "only"))
+        base = f"http://127.0.0.1:{r.port}"
+        try:
+            async with aiohttp.ClientSession() as s:
+                async with s.post(f"{base}/filter", json={"Pod": pod, "NodeNames": names}) as q:
+                    (picked,) = (await q.json())["NodeNames"]
+                assert picked.startswith("a") and r.view.held_pick("default/web-000") == picked
+                m = pod["metadata"]
+                async with s.post(f"{base}/bind", json={
+                        "PodName": m["name"], "PodNamespace": "default", "PodUID": m["uid"],
+                        "Node": "z0"}) as q:
+                    err = (await q.json())["Error"]
+            assert "z0" in err, err
+            assert r.view.held_pick("default/web-000") is None
+            assert "default/web-000" not in r.view.inflight and not r.view.state.pods
+            assert r.view.holds.ended["bind-refused"] == 1
+        finally:
+            await r.stop()
+            await r.api.close()
+
+    asyncio.run(go())
