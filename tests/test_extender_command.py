@@ -130,3 +130,14 @@ def test_bad_flags_are_refused_clearly(argv: list[str], needle: str,
                                        capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_own_pod_is_namespace_slash_name() -> None:
+    from sharegpu.commands.extender import own_pod
+    from sharegpu.core.errors import ValidationError
+
+    assert own_pod(None) == "" and own_pod("gpu-system/sharegpu-extender-7d9-x2") == \
+        "gpu-system/sharegpu-extender-7d9-x2"
+    for bad in ("no-slash", "$(POD_NAMESPACE)/pod", "ns/Pod_1", "/pod"):
+        with pytest.raises(ValidationError, match="--own-pod"):
+            own_pod(bad)

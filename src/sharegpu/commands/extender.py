@@ -185,10 +185,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds the node (and GPUs) a filter answered with stay held for the "
                         "pod's bind; then given back (kube-scheduler's Permit and PreBind waits "
                         "fall within it; default 120)")
-    p.add_argument("--own-pod", default="",
+    p.add_argument("--own-pod", default=None,
                    help="namespace/name of this replica's pod: labelled "
                         "sharegpu.io/extender-serving=true while it serves the verbs (the "
-                        "chart's Service selects on it); empty: no label")
+                        "chart's Service selects on it); unset: no label")
     p.add_argument("--dra", action="store_true",
                    help="DRA mode (docs/dra.md): watch resource.k8s.io/v1 ResourceSlices and "
                         "ResourceClaims and rank DRA pods (the chart sets it with "
@@ -198,8 +198,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
 
 
-def own_pod(given: str) -> str:
-    """``--own-pod``: empty, or ``namespace/name`` (both DNS-1123 names)."""
+def own_pod(given: str | None) -> str:
+    """``--own-pod``: unset (empty), or ``namespace/name`` (both DNS-1123 names)."""
     if not given:
         return ""
     ns, _, name = given.partition("/")
