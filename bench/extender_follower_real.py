@@ -136,8 +136,8 @@ def scheduler_log_counts(cp: ControlPlane, start: int) -> dict[str, int]:
     lines = text.splitlines()
     return {
         "forgetpod_errors": sum("ForgetPod" in ln or "forget pod" in ln.lower() for ln in lines),
-        "extender_timeouts": sum(("Client.Timeout" in ln or "context deadline exceeded" in ln)
-                                 and "extender" in ln.lower() for ln in lines),
+        # kube-scheduler's HTTP client gave up on a call (its httpTimeout)
+        "client_timeouts": sum("Client.Timeout exceeded" in ln for ln in lines),
         "bind_errors": sum("Failed to bind" in ln or "binding rejected" in ln for ln in lines),
     }
 
@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     bad = [r["phase"] for r in results
            if r["bound"] != r["pods"] or r["bound_twice"] or r["over_commits"]
            or any(r["binds_past_http_timeout"].values())
-           or r["scheduler_log"]["forgetpod_errors"]]
+           or r["scheduler_log"]["forgetpod_errors"] or r["scheduler_log"]["client_timeouts"]]
     print(json.dumps({"meta": meta, "failed_phases": bad}), file=sys.stderr)
     return 1 if bad else 0
 
