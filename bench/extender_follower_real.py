@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-for _p in (ROOT / "tests", ROOT / "bench"):
+for _p in (ROOT / "tests", ROOT / "bench", ROOT / "testing"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
@@ -157,8 +157,12 @@ def phase(cp: ControlPlane, admin: Client, ns: str, label: str, a: argparse.Name
                     replicas[follower].metrics_url}
     wait_for("the proxy to send to the follower only",
              lambda: proxy.ready == [replicas[follower].url], timeout=30)
+    counters = ("sharegpu_extender_late_answers_total", "sharegpu_extender_unsettled_binds_total",
+                "sharegpu_extender_decisions_total")
     before = {i: {"bind": histogram(r.metrics_url, "sharegpu_extender_request_seconds",
-                                    {"verb": "bind"})} for i, r in replicas.items()}
+                                    {"verb": "bind"}),
+                  **{c: samples(r.metrics_url, c) for c in counters}}
+              for i, r in replicas.items()}
     log_start = cp.log_path(SCHEDULER).stat().st_size
     watch = DelayedKubelets(cp.admin_kubeconfig, ns, a.start_delay).start()
     pods = [gpu_pod(f"{run}-p{i:04d}", run, mem=a.mem) for i in range(a.pods)]
@@ -187,21 +191,27 @@ def phase(cp: ControlPlane, admin: Client, ns: str, label: str, a: argparse.Name
     late = {}
     unsettled = {}
     forwarded = {}
+    answered = {}
     for i, r in replicas.items():
         now = histogram(r.metrics_url, "sharegpu_extender_request_seconds", {"verb": "bind"})
         diff = {k: v - before[i]["bind"].get(k, 0.0) for k, v in now.items()}
         past_http[i] = past(diff, http_timeout)
-        late[i] = sum(samples(r.metrics_url, "sharegpu_extender_late_answers_total").values())
-        unsettled[i] = samples(r.metrics_url, "sharegpu_extender_unsettled_binds_total")
-        forwarded[i] = {k: v for k, v in samples(
-            r.metrics_url, "sharegpu_extender_decisions_total").items() if "forwarded" in k}
+        since = {c: {k: v - before[i][c].get(k, 0.0)
+                     for k, v in samples(r.metrics_url, c).items()} for c in counters}
+        late[i] = sum(since["sharegpu_extender_late_answers_total"].values())
+        unsettled[i] = {k: v for k, v in since["sharegpu_extender_unsettled_binds_total"].items()
+                        if v}
+        forwarded[i] = {k: v for k, v in since["sharegpu_extender_decisions_total"].items()
+                        if "forwarded" in k and v}
+        answered[i] = {k: v for k, v in since["sharegpu_extender_decisions_total"].items()
+                       if 'verb="bind"' in k and v}
     logs = scheduler_log_counts(cp, log_start)
     return {
         "phase": label, "nodes_name_pods": naming, "pods": a.pods,
         "bound": sum(1 for p in pods_now if p["spec"].get("nodeName")),
         "bound_twice": len(twice), "over_commits": len(over),
         "binds_past_http_timeout": past_http, "late_answers_total": late,
-        "unsettled_binds_total": unsettled, "forwarded_total": forwarded,
+        "unsettled_binds": unsettled, "forwarded": forwarded, "bind_answers": answered,
         "scheduler_log": logs, "created_s": round(created_s, 2),
         "half_bound_s": round(half_s, 2), "all_bound_s": round(took, 2),
         "pods_per_s": round(a.pods / took, 1),
