@@ -138,7 +138,12 @@ def test_a_binding_committed_after_the_bind_gave_up_keeps_its_gpus(
                                             for p in pods}}))
                 assert over_commits(fake.objects("nodes"), pods) == []
                 assert err_b and _node_of(fake, "b") == "", "b was given a's GPU"
-                assert "default/a" in r.view.state.pods  # a's GPU is counted as a's
+                # the watch showed a bound: its kept reservation is now a's record
+                await _wait(lambda: "default/a" in r.view.placed, timeout=10)
+                assert "default/a" not in r.binder.unsettled
+                assert "default/a" in r.view.state.pods and not r.view.inflight
+                m = await (await s.get(f"{base}/metrics")).text()
+                assert 'sharegpu_extender_unsettled_binds_total{outcome="confirmed"} 1.0' in m
         finally:
             await r.stop()
             await r.api.close()
