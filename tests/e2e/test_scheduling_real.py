@@ -38,7 +38,7 @@ from lightkube import Client
 from lightkube.resources.core_v1 import Event, Node, Pod
 
 from sharegpu.core import names
-from sharegpu.core.annotations import Allocation, decode, encode
+from sharegpu.core.annotations import Allocation, decode, encode, first_generation_holds
 from sharegpu.core.modes import Mode, advertised_resources
 from sharegpu.core.nodes import spec_from_node
 from sharegpu.core.placement.gpus import assign, node_strategy, request_strategy
@@ -334,9 +334,8 @@ def _check_annotations(pod: dict[str, Any], node: dict[str, Any]) -> None:
     key = pod["metadata"]["name"]
     anns = pod["metadata"].get("annotations") or {}
     req = parse_pod(pod)
-    for a in (names.ANN_MEM_IDX, names.ANN_MEM_DEV, names.ANN_MEM_POD, names.ANN_MEM_ASSIGNED,
-              names.ANN_MEM_ASSUME_TIME, names.ANN_ALLOCATION, names.ANN_ASSIGNED,
-              names.ANN_ASSUME_TIME):
+    for a in (names.ANN_MEM_ASSIGNED, names.ANN_MEM_ASSUME_TIME, names.ANN_ALLOCATION,
+              names.ANN_ASSIGNED, names.ANN_ASSUME_TIME):
         assert a in anns, f"{key}: no {a}"
     # "false" from the extender; "true" once the node's kubelet and agent (StandInKubelets) start it
     assert anns[names.ANN_ASSIGNED] == anns[names.ANN_MEM_ASSIGNED] in ("false", "true")
@@ -344,10 +343,14 @@ def _check_annotations(pod: dict[str, Any], node: dict[str, Any]) -> None:
     alloc = decode(anns)
     assert alloc is not None
     gpu_mem = [int(x) for x in node["metadata"]["annotations"][names.ANN_NODE_GPU_MEM].split(",")]
-    # the first generation: the same GPUs, the pod's total, the first GPU's size
-    assert anns[names.ANN_MEM_IDX] == ",".join(map(str, alloc.gpus))
-    assert int(anns[names.ANN_MEM_POD]) == alloc.total_mem
-    assert int(anns[names.ANN_MEM_DEV]) == gpu_mem[alloc.gpus[0]]
+    # the first generation: the same GPUs, the pod's total, the first GPU's size (only where it
+    # says the placement: the same amount on every GPU)
+    if first_generation_holds(alloc):
+        assert anns[names.ANN_MEM_IDX] == ",".join(map(str, alloc.gpus))
+        assert int(anns[names.ANN_MEM_POD]) == alloc.total_mem
+        assert int(anns[names.ANN_MEM_DEV]) == gpu_mem[alloc.gpus[0]]
+    else:
+        assert names.ANN_MEM_IDX not in anns and names.ANN_MEM_POD not in anns, key
     for c in req.containers:
         got = alloc.mem[c.index]
         assert len(got) == c.gpus, f"{key} container {c.index}: {got}"
@@ -355,7 +358,7 @@ def _check_annotations(pod: dict[str, Any], node: dict[str, Any]) -> None:
             assert v == (gpu_mem[g] if c.whole else c.gpu_mem), f"{key}: {got}"
         if c.gpu_core:
             assert alloc.core[c.index] == dict.fromkeys(got, c.gpu_core), f"{key}: {alloc}"
-    if req.kind in (Kind.SHARED, Kind.SHARED_CORE):
+    if req.kind in (Kind.SHARED, Kind.SHARED_CORE) and first_generation_holds(alloc):
         assert int(anns[names.ANN_MEM_POD]) == req.total_mem
     if req.kind is Kind.SHARED_CORE:
         assert names.ANN_CORE in anns
