@@ -65,8 +65,9 @@ def show(a: Analysis, console: Console) -> None:
         if len(pending) > PENDING_SHOWN:
             console.print(f"  ... and {len(pending) - PENDING_SHOWN} more (--json)")
     rp = doc["replay"]
-    console.print(f"\n[bold]Replay[/bold]: the {rp['bound_gpu_pods']} bound GPU pods placed "
-                  f"again in {rp['order']}, then the {rp['pending_gpu_pods']} pending ones")
+    console.print(f"\n[bold]Replay[/bold]: the {rp['bound_gpu_pods']} bound and "
+                  f"{rp['pending_gpu_pods']} pending GPU pods placed again under each policy, "
+                  f"in {rp['order']}")
     table = Table(show_edge=False)
     cols = ["policy", "mem allocated", "stranded", "free GPUs", "placed", "not placed",
             "pending that fit", "GPUs held otherwise"]

@@ -1,17 +1,14 @@
-"""The cluster's GPU pods placed again under a policy, as the extender would have placed them.
+"""The cluster's GPU pods placed again under a policy, as the extender would have placed them
+had it run that policy from the start.
 
 The state starts with the nodes (in the order listed, the extender's tie-break order) and the
 CPU and memory of every pod that is not a GPU pod (kube-scheduler placed those; they stay).
 The policy is prepared with the target workload the extender learns from the cluster's placed
-pods (:meth:`.cluster.Cluster.learned`). The bound GPU pods then come one at a time, each
-through the core's one decision (:class:`~sharegpu.core.scheduler.Scheduler`, ties to the
-first node in list order, as in the extender) among the nodes its node selector admits; then
-the pending GPU pods, in creation order, to see which would fit.
-
-The order of the bound pods: the order in which the extender decided them (its assume-time
-annotation) when every one records it; else their creation times, and where several share one
-(the API server keeps whole seconds) each ordering draws the tied pods' order at random: the
-figures are then a mean ± standard deviation over the orderings.
+pods (:meth:`.cluster.Cluster.learned`). Every GPU pod, bound or pending, then comes in its
+order (:func:`orderings`), each through the core's one decision
+(:class:`~sharegpu.core.scheduler.Scheduler`, ties to the first node in list order, as in the
+extender) among the nodes its node selector admits. The figures are those of the end: the
+bound pods placed again (or not), and the pending ones that found a node.
 """
 
 from __future__ import annotations
@@ -54,7 +51,7 @@ class Run:
     totals: dict[str, int]
     placed: int  # bound GPU pods placed again
     unplaced: list[str]  # bound GPU pods that found no node
-    pending_fit: int  # pending GPU pods that would fit after them
+    pending_fit: int  # pending GPU pods that found a node
     headroom: int | None
     nodes: dict[str, str | None]  # bound pod -> its node in the replay
     differences: int  # GPUs held otherwise than today
@@ -79,26 +76,36 @@ class PolicyReplay:
 
 
 def orderings(cluster: Cluster, count: int, seed: int = 0) -> tuple[str, list[list[GpuPod]]]:
-    """How the bound pods are ordered (a sentence) and the orderings to replay."""
-    bound = cluster.bound
-    if bound and all(p.assumed for p in bound if p.alloc is not None) and all(
-            p.alloc is not None for p in bound):
-        return ("the extender's decision order (its assume-time annotation)",
-                [sorted(bound, key=lambda p: (p.assumed, p.key))])
-    base = sorted(bound, key=lambda p: (p.created, p.key))
-    created = [p.created for p in base]
-    ties = len(set(created)) < len(created)
-    if not ties or count <= 1:
-        how = "creation order" + (" (ties by name)" if ties else "")
-        return how, [base]
+    """How the GPU pods are ordered (a sentence) and the orderings to replay: creation order;
+    pods created in the same second (the API server keeps whole seconds) in the order the
+    extender decided them where each records it (its assume-time annotation), else drawn at
+    random in each of ``count`` orderings."""
+    pods = sorted(cluster.pods, key=lambda p: (p.created, p.assumed, p.key))
+    groups: dict[str, list[GpuPod]] = {}
+    for p in pods:
+        groups.setdefault(p.created, []).append(p)
+    unknown = [g for g in groups.values()
+               if len(g) > 1 and len({p.assumed for p in g if p.assumed}) < len(g)]
+    if not unknown:
+        how = "creation order" + (", the same second in the extender's decision order"
+                                  if len(groups) < len(pods) else "")
+        return how, [pods]
+    if count <= 1:
+        return "creation order, the same second by the extender's decision order, else by name", [
+            pods]
+    tied = sum(len(g) for g in unknown)
+    drawn = {id(g) for g in unknown}
     out = []
     for s in range(count):
         rng = np.random.default_rng([seed, s])
-        keys = rng.random(len(base))
-        out.append([p for _, _, p in sorted(zip(created, keys, base, strict=True),
-                                            key=lambda t: (t[0], t[1]))])
-    return (f"creation order, pods created in the same second in {count} random orders",
-            out)
+        order: list[GpuPod] = []
+        for g in groups.values():
+            if id(g) in drawn:
+                g = [g[int(k)] for k in rng.permutation(len(g))]
+            order.extend(g)
+        out.append(order)
+    return (f"creation order; {tied} pods created in the same second as others, without the "
+            f"extender's decision order, in {count} random orders", out)
 
 
 def replay_one(cluster: Cluster, policy: str, order: Sequence[GpuPod], today: Holders,
@@ -111,22 +118,23 @@ def replay_one(cluster: Cluster, policy: str, order: Sequence[GpuPod], today: Ho
     sched = Scheduler(state, pol, seed=seed, tie_break="order")
     placed_on: dict[str, str | None] = {}
     unplaced: list[str] = []
+    fit = placed = 0
     for p in order:
         d = sched.schedule(p.request, cluster.among(p.selector))
         placed_on[p.key] = d.node_name if d is not None else None
-        if d is None:
+        if not p.bound:
+            fit += d is not None
+        elif d is None:
             unplaced.append(p.key)
+        else:
+            placed += 1
     fig = figures(state, learned.workload)
     room = None
     if shape is not None:
         req, selector_mask = shape
         room = fits(state, req, selector_mask)
     diff = differences(today, holders(state))
-    fit = 0
-    for p in cluster.pending:
-        if sched.schedule(p.request, cluster.among(p.selector)) is not None:
-            fit += 1
-    run = Run(fig.totals(), len(order) - len(unplaced), unplaced, fit, room, placed_on, diff,
+    run = Run(fig.totals(), placed, unplaced, fit, room, placed_on, diff,
               time.process_time() - started)
     if keep_gpus:
         run.per_gpu = gpu_rows(fig)
