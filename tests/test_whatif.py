@@ -226,3 +226,24 @@ def test_live_cluster(capsys, tmp_path):
     out = json.loads(capsys.readouterr().out)
     assert out["today"]["totals"]["mem_allocated"] == 20
     assert out["replay"]["bound_gpu_pods"] == 2 and out["replay"]["pending_gpu_pods"] == 2
+
+
+def test_kubectl_inspect_cgpu_what_if_is_the_same_analysis(capsys, tmp_path):
+    from sharegpu.inspect_cgpu.cli import main as inspect
+    from sharegpu.whatif.plugin import main as plugin
+
+    path = _write(tmp_path, small())
+    assert plugin(["--what-if", "--file", str(path), "--policy", "bestfit", "--json"]) == 0
+    via_kubectl = json.loads(capsys.readouterr().out)
+    assert sharegpu(["whatif", str(path), "--policy", "bestfit", "--json"]) == 0
+    direct = json.loads(capsys.readouterr().out)
+    for doc in (via_kubectl, direct):
+        doc.pop("seconds")
+        for p in doc["replay"]["policies"]:
+            p.pop("cpu_seconds")
+    assert via_kubectl == direct
+    assert plugin(["--file", str(path)]) == 0  # without --what-if: inspect, as ever
+    shown = capsys.readouterr().out
+    assert inspect(["--file", str(path)]) == 0 and capsys.readouterr().out == shown
+    assert plugin(["--what-if", f"--file={tmp_path / 'nowhere'}"]) == 1
+    assert "kubectl inspect cgpu --what-if: error: --file" in capsys.readouterr().err

@@ -5,7 +5,9 @@ read (one line: what is wrong, how to make the dump); 2 bad arguments."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -136,3 +138,10 @@ def main(argv: list[str] | None = None, prog: str = "sharegpu whatif") -> int:
     except ShareGpuError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # the reader went away (| head): stop quietly
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return 141
