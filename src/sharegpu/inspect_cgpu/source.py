@@ -41,6 +41,8 @@ class Objects:
     slices: list[dict[str, Any]] = field(default_factory=list)  # resource.k8s.io/v1
     claims: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    #: PodDisruptionBudgets (policy/v1), for a plan that evicts pods (sharegpu whatif)
+    pdbs: list[dict[str, Any]] = field(default_factory=list)
     #: how many objects of each other kind the dump held (Deployments, Events, ...), left out
     other_kinds: dict[str, int] = field(default_factory=dict)
 
@@ -104,13 +106,16 @@ def _collect(doc: Any, nodes: list, pods: list, where: str, depth: int = 0,
         if not isinstance(items, list):
             raise SourceError(f"{where}: field '{at}items' must be a list of objects")
         implied = {"NodeList": "Node", "PodList": "Pod", "ResourceSliceList": "ResourceSlice",
-                   "ResourceClaimList": "ResourceClaim"}.get(kind or "")
+                   "ResourceClaimList": "ResourceClaim",
+                   "PodDisruptionBudgetList": "PodDisruptionBudget"}.get(kind or "")
         for i, item in enumerate(items):
             if isinstance(item, Mapping) and implied and "kind" not in item:
                 item = {**item, "kind": implied}
                 if implied in _DRA_KINDS and "apiVersion" not in item and version:
                     item["apiVersion"] = version
             _collect(item, nodes, pods, where, depth + 1, dra, f"{at}items[{i}].")
+    elif kind == "PodDisruptionBudget" and dra is not None:
+        dra.pdbs.append(dict(doc))
     elif dra is not None:  # other kinds (Events, Services, ...) in a support bundle: left out
         name = kind or "(no kind)"
         dra.other_kinds[name] = dra.other_kinds.get(name, 0) + 1
@@ -175,7 +180,8 @@ def load_file(path: str) -> Objects:
             f"--file {where}: holds no Node objects{_holding(dra.other_kinds)}; write it with: "
             "kubectl get nodes,pods -A -o json > FILE"
         )
-    return Objects(nodes, pods, dra.slices, dra.claims, other_kinds=dra.other_kinds)
+    return Objects(nodes, pods, dra.slices, dra.claims, pdbs=dra.pdbs,
+                   other_kinds=dra.other_kinds)
 
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -224,9 +230,10 @@ def kubeconfig_path(explicit: str | None = None) -> str | None:
 
 
 def load_live(kubeconfig: str | None = None, *, timeout: float = 20.0,
-              context: str | None = None) -> Objects:
+              context: str | None = None, with_pdbs: bool = False) -> Objects:
     """Nodes and pods from the cluster (pods of every namespace); ``context`` picks a context
-    of the kubeconfig other than its current one."""
+    of the kubeconfig other than its current one; ``with_pdbs``: PodDisruptionBudgets too (one
+    that cannot be listed leaves ``{"unreadable": True}`` in their place)."""
     try:
         from lightkube import ApiError, AsyncClient, ConfigError
         from lightkube.core.generic_client import httpx
@@ -263,6 +270,16 @@ def load_live(kubeconfig: str | None = None, *, timeout: float = 20.0,
             nodes = [n.to_dict() async for n in client.list(Node, chunk_size=500)]
             pods = [p.to_dict() async for p in client.list(Pod, namespace="*", chunk_size=500)]
             out = Objects(nodes, pods)
+            if with_pdbs:
+                from lightkube.resources.policy_v1 import PodDisruptionBudget
+
+                try:
+                    out.pdbs = [o.to_dict() async for o in client.list(
+                        PodDisruptionBudget, namespace="*", chunk_size=500)]
+                except ApiError as e:
+                    out.warnings.append(f"cannot list poddisruptionbudgets ({e.status.message})"
+                                        ": a plan evicts no pod")
+                    out.pdbs = [{"unreadable": True}]
             slice_res, claim_res = _dra_resources()
             for what, res, ns in (("resourceslices", slice_res, None),
                                   ("resourceclaims", claim_res, "*")):

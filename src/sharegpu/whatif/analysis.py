@@ -39,6 +39,7 @@ class Analysis:
     shape: tuple[PodRequest, NodeSelector] | None
     headroom_now: int | None
     seconds: dict[str, float]
+    repack: Any = None  # a .repack.Plan, when one was asked for
 
     def to_json(self) -> dict[str, Any]:
         t = self.today
@@ -68,6 +69,8 @@ class Analysis:
             doc["headroom"] = {"shape": describe(self.shape[0]), "now": self.headroom_now,
                                "after_replay": {r.policy: _mean_sd(r, "headroom")
                                                 for r in self.replays}}
+        if self.repack is not None:
+            doc["repack"] = {"policy": self.current or "default", **self.repack.to_json()}
         return doc
 
 

@@ -38,6 +38,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shape", metavar="SHAPE|POD.yaml",
                    help="headroom: how many more pods of this shape fit now and after each "
                    "replay; " + RULE_SHAPE.replace("must be", "") + ", or a Pod manifest file")
+    p.add_argument("--free-gpus", type=int, metavar="K",
+                   help="a re-pack plan: the fewest evictions of pods a controller re-creates "
+                   "that leave K more GPUs whole and free (printed, never run)")
+    p.add_argument("--assume-no-pdbs", action="store_true",
+                   help="the cluster has no PodDisruptionBudget (else a plan evicts only where "
+                   "the dump's PodDisruptionBudgets allow it: kubectl get nodes,pods,pdb -A "
+                   "-o json)")
     p.add_argument("--json", action="store_true", help="print the analysis as JSON")
     p.add_argument("--plot", type=Path, metavar="PNG",
                    help="per-GPU bars of allocated / stranded / free memory, one panel per "
@@ -86,12 +93,15 @@ def load(args: argparse.Namespace) -> Objects:
         if not objs.pods:
             raise SourceError(f"--file {where}: holds no Pod objects; {HOW}")
         return objs
-    return load_live(args.kubeconfig, timeout=args.request_timeout, context=args.context)
+    return load_live(args.kubeconfig, timeout=args.request_timeout, context=args.context,
+                     with_pdbs=bool(args.free_gpus))
 
 
 def run(args: argparse.Namespace, prog: str = "sharegpu whatif") -> int:
     if args.orderings < 1:
         raise ValidationError("--orderings", args.orderings, "must be at least 1")
+    if args.free_gpus is not None and args.free_gpus < 1:
+        raise ValidationError("--free-gpus", args.free_gpus, "must be at least 1")
     for name in [*(args.policy or []), *([args.current_policy] if args.current_policy else [])]:
         get_policy(name)  # the name is checked before anything is read
     shape = _shape(args.shape)
@@ -112,6 +122,15 @@ def run(args: argparse.Namespace, prog: str = "sharegpu whatif") -> int:
     options = Options(policies=args.policy or (), current=args.current_policy,
                       orderings=args.orderings, shape=shape, per_gpu=bool(args.plot))
     a = analyse(cluster, options)
+    if args.free_gpus:
+        from .repack import plan
+
+        pdbs: list | None = objs.pdbs
+        if args.assume_no_pdbs:
+            pdbs = []
+        elif not pdbs or any(o.get("unreadable") for o in pdbs):
+            pdbs = None
+        a.repack = plan(cluster, a.today.state, a.current or "default", args.free_gpus, pdbs)
     if args.json:
         print(json.dumps(a.to_json(), indent=1))
     else:

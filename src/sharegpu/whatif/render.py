@@ -95,6 +95,18 @@ def show(a: Analysis, console: Console) -> None:
     if a.shape is not None:
         h = doc["headroom"]
         console.print(f"\n[bold]Headroom[/bold] for {h['shape']}: {h['now']} more fit now")
+    if "repack" in doc:
+        r = doc["repack"]
+        how = "exact" if r["exact"] else f"greedy, at least {r['lower_bound']} evictions needed"
+        console.print(f"\n[bold]Re-pack plan[/bold] to free {r['free_gpus']} GPU(s) under "
+                      f"{r['policy']}: {r['evictions']} eviction(s), {r['freed']} GPU(s) freed "
+                      f"({how}; {r['note']}). sharegpu runs none of these:")
+        for e, cmd in zip(r["evict"], r["commands"], strict=True):
+            console.print(f"  # {e['pod']} on {e['node']} ({e['owner']}) -> "
+                          f"{e['placed_again_on']}", markup=False)
+            console.print(f"  {cmd}", markup=False, soft_wrap=True)
+        for why, n in r["gpus_not_targeted"].items():
+            console.print(f"  ({n} GPU(s) not targeted: {why})", markup=False)
     for w in doc["warnings"][:10]:
         console.print(f"[yellow]warning[/yellow]: {w}")
     if len(doc["warnings"]) > 10:
