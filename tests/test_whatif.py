@@ -247,3 +247,40 @@ def test_kubectl_inspect_cgpu_what_if_is_the_same_analysis(capsys, tmp_path):
     assert inspect(["--file", str(path)]) == 0 and capsys.readouterr().out == shown
     assert plugin(["--what-if", f"--file={tmp_path / 'nowhere'}"]) == 1
     assert "kubectl inspect cgpu --what-if: error: --file" in capsys.readouterr().err
+
+
+def test_whatif_reads_any_mutated_dump():
+    """Objects of the wrong shape are left out with a warning; no exception escapes."""
+    import copy
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from test_fuzz_entry_points import _paths
+
+    base = small()["items"]
+    paths = [p for p in _paths(base) if p]
+    values = st.one_of(st.none(), st.booleans(), st.integers(-3, 10**6), st.text(max_size=5),
+                       st.just([]), st.just({}), st.just({"a": 1}), st.just(["x"]))
+
+    @settings(max_examples=300, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(st.lists(st.tuples(st.sampled_from(paths), values), min_size=1, max_size=3))
+    def check(changes):
+        items = copy.deepcopy(base)
+        for path, value in changes:
+            obj: object = items
+            try:
+                for k in path[:-1]:
+                    obj = obj[k]  # type: ignore[index]
+                obj[path[-1]] = value  # type: ignore[index]
+            except (KeyError, IndexError, TypeError):
+                continue
+        nodes = [x for x in items if isinstance(x, dict) and x.get("kind") == "Node"]
+        pods = [x for x in items if isinstance(x, dict) and x.get("kind") == "Pod"]
+        cluster = read(nodes, pods)
+        a = analyse(cluster, Options(policies=["bestfit"], shape=(parse_shape("gpu-mem=4"),
+                                                                  NodeSelector())))
+        json.dumps(a.to_json())
+
+    check()

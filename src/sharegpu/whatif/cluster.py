@@ -28,6 +28,7 @@ from ..core.podreader import PlacementReader, pod_key
 from ..core.pods import is_terminated, node_of
 from ..core.request import PodRequest
 from ..core.state import ClusterState, NodeSpec
+from ..inspect_cgpu.model import shape_problem
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,11 @@ def read(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]) 
     labels: list[dict[str, str]] = []
     seen: set[str] = set()
     for obj in nodes:
-        name = str((obj.get("metadata") or {}).get("name") or "")
+        problem = shape_problem(obj, "Node")
+        if problem:
+            warnings.append(problem)
+            continue
+        name = str(obj["metadata"]["name"])
         try:
             spec = spec_from_node(obj)
         except (ValidationError, AttributeError, TypeError) as e:
@@ -169,8 +174,9 @@ def read(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]) 
     host: dict[str, list[int]] = {}
     policy: str | None = None
     for obj in pods:
-        if not isinstance(obj, Mapping) or not isinstance(obj.get("metadata"), Mapping):
-            warnings.append("a pod left out: not an object with metadata")
+        problem = shape_problem(obj, "Pod")
+        if problem:
+            warnings.append(problem)
             continue
         key = pod_key(obj)
         if is_terminated(obj):
