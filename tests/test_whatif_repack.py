@@ -107,3 +107,34 @@ def test_cli_prints_the_evictions(capsys, tmp_path, monkeypatch):
     text = capsys.readouterr().out
     assert "Re-pack plan to free 1 GPU(s) under default: 1 eviction(s)" in text
     assert "/eviction -f - <<<" in text
+
+
+def test_fit_a_pending_pod(capsys, tmp_path, monkeypatch):
+    """A 12 GiB pod fits no GPU (8, 12 and 8 GiB free); evicting p3 (4 GiB on a's GPU 1)
+    makes room (evicting p1 would too, moving more memory), and p3 goes elsewhere."""
+    from sharegpu.core.nodeselector import NodeSelector
+    from sharegpu.whatif.headroom import parse_shape
+    from sharegpu.whatif.repack import fit
+
+    cluster = _read(cluster_doc())
+    state, _ = cluster.state()
+    before = state.fingerprint()
+    want = parse_shape("gpu-mem=13")
+    p = fit(cluster, state, "bestfit", want, NodeSelector(), [])
+    assert state.fingerprint() == before
+    assert [x.key for x in p.evict] == ["default/p3"] and p.exact and p.lower_bound == 1
+    assert "goes to a" in p.note and p.placed_again["default/p3"] in ("a", "b")
+    assert fit(cluster, state, "bestfit", parse_shape("gpu-mem=8"), NodeSelector(), []
+               ).note == "the pod fits now: nothing to evict"
+    other = fit(cluster, state, "bestfit", want, NodeSelector(), [pdb(0, "none")])
+    assert [x.key for x in other.evict] == ["default/p3"]  # a budget of other pods
+    blocked = fit(cluster, state, "bestfit", want, NodeSelector(), None)
+    assert blocked.evict == [] and "no plan" in blocked.note
+    monkeypatch.setenv("COLUMNS", "200")
+    path = _write(tmp_path, cluster_doc())
+    manifest = tmp_path / "pod.yaml"
+    manifest.write_text(json.dumps(kobjects.pod("big", mem=13)))
+    assert sharegpu(["whatif", str(path), "--policy", "bestfit", "--current-policy", "bestfit",
+                     "--fit", str(manifest), "--assume-no-pdbs", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)["repack"]
+    assert r["fit"] == "default/big" and r["evict"][0]["pod"] == "default/p3"

@@ -41,6 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--free-gpus", type=int, metavar="K",
                    help="a re-pack plan: the fewest evictions of pods a controller re-creates "
                    "that leave K more GPUs whole and free (printed, never run)")
+    p.add_argument("--fit", metavar="POD.yaml",
+                   help="a re-pack plan: the fewest evictions after which this pod (a Pod "
+                   "manifest) fits (printed, never run)")
     p.add_argument("--assume-no-pdbs", action="store_true",
                    help="the cluster has no PodDisruptionBudget (else a plan evicts only where "
                    "the dump's PodDisruptionBudgets allow it: kubectl get nodes,pods,pdb -A "
@@ -57,21 +60,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="API request timeout")
 
 
+def _pod_file(flag: str, text: str) -> tuple:
+    import yaml
+
+    try:
+        obj = yaml.safe_load(Path(text).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ValidationError(flag, text, f"cannot be read ({e.strerror or e})") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ValidationError(flag, text, f"is not YAML ({e})") from None
+    return shape_from_pod(obj, flag)
+
+
 def _shape(text: str | None) -> tuple | None:
     if not text:
         return None
     path = Path(text)
     if path.suffix.lower() in (".yaml", ".yml", ".json") or path.is_file():
-        import yaml
-
-        try:
-            obj = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except OSError as e:
-            raise ValidationError("--shape", text, f"cannot be read ({e.strerror or e})"
-                                  ) from None
-        except (yaml.YAMLError, UnicodeDecodeError) as e:
-            raise ValidationError("--shape", text, f"is not YAML ({e})") from None
-        return shape_from_pod(obj)
+        return _pod_file("--shape", text)
     return parse_shape(text), NodeSelector()
 
 
@@ -94,7 +100,7 @@ def load(args: argparse.Namespace) -> Objects:
             raise SourceError(f"--file {where}: holds no Pod objects; {HOW}")
         return objs
     return load_live(args.kubeconfig, timeout=args.request_timeout, context=args.context,
-                     with_pdbs=bool(args.free_gpus))
+                     with_pdbs=bool(args.free_gpus or args.fit))
 
 
 def run(args: argparse.Namespace, prog: str = "sharegpu whatif") -> int:
@@ -105,6 +111,9 @@ def run(args: argparse.Namespace, prog: str = "sharegpu whatif") -> int:
     for name in [*(args.policy or []), *([args.current_policy] if args.current_policy else [])]:
         get_policy(name)  # the name is checked before anything is read
     shape = _shape(args.shape)
+    if args.free_gpus and args.fit:
+        raise ValidationError("--fit", args.fit, "cannot be asked for with --free-gpus")
+    to_fit = _pod_file("--fit", args.fit) if args.fit else None
     if args.plot:
         _check_plot(args.plot)
     try:
@@ -122,15 +131,17 @@ def run(args: argparse.Namespace, prog: str = "sharegpu whatif") -> int:
     options = Options(policies=args.policy or (), current=args.current_policy,
                       orderings=args.orderings, shape=shape, per_gpu=bool(args.plot))
     a = analyse(cluster, options)
-    if args.free_gpus:
-        from .repack import plan
+    if args.free_gpus or to_fit is not None:
+        from .repack import fit, plan
 
         pdbs: list | None = objs.pdbs
         if args.assume_no_pdbs:
             pdbs = []
         elif not pdbs or any(o.get("unreadable") for o in pdbs):
             pdbs = None
-        a.repack = plan(cluster, a.today.state, a.current or "default", args.free_gpus, pdbs)
+        policy = a.current or "default"
+        a.repack = (plan(cluster, a.today.state, policy, args.free_gpus, pdbs) if to_fit is None
+                    else fit(cluster, a.today.state, policy, *to_fit, pdbs))
     if args.json:
         print(json.dumps(a.to_json(), indent=1))
     else:

@@ -134,14 +134,15 @@ def fits(state: ClusterState, req: PodRequest, among: np.ndarray | None = None) 
     return int(np.minimum(copies, big).sum())
 
 
-def shape_from_pod(obj: Mapping[str, Any]) -> tuple[PodRequest, NodeSelector]:
+def shape_from_pod(obj: Mapping[str, Any], flag: str = "--shape"
+                   ) -> tuple[PodRequest, NodeSelector]:
     """A shape from a pod's manifest (its GPU request, CPU and memory, node selector)."""
     from ..core.nodeselector import node_selector
     from ..core.podreader import PlacementReader
 
     if not isinstance(obj, Mapping) or obj.get("kind") != "Pod":
-        raise ValidationError("--shape", "file", "must hold a Pod (kind: Pod)")
+        raise ValidationError(flag, "file", "must hold a Pod (kind: Pod)")
     req = PlacementReader().request(obj)
     if not req.wants_gpu:
-        raise ValidationError("--shape", req.key, "the pod asks for no GPU")
+        raise ValidationError(flag, req.key, "the pod asks for no GPU")
     return req, node_selector(obj)

@@ -98,9 +98,12 @@ def show(a: Analysis, console: Console) -> None:
     if "repack" in doc:
         r = doc["repack"]
         how = "exact" if r["exact"] else f"greedy, at least {r['lower_bound']} evictions needed"
-        console.print(f"\n[bold]Re-pack plan[/bold] to free {r['free_gpus']} GPU(s) under "
-                      f"{r['policy']}: {r['evictions']} eviction(s), {r['freed']} GPU(s) freed "
-                      f"({how}; {r['note']}). sharegpu runs none of these:")
+        goal = (f"for {r['fit']}" if "fit" in r else
+                f"to free {r['free_gpus']} GPU(s)")
+        got = "" if "fit" in r else f", {r['freed']} GPU(s) freed"
+        console.print(f"\n[bold]Re-pack plan[/bold] {goal} under {r['policy']}: "
+                      f"{r['evictions']} eviction(s){got} ({how}; {r['note']}). sharegpu runs "
+                      "none of these:")
         for e, cmd in zip(r["evict"], r["commands"], strict=True):
             console.print(f"  # {e['pod']} on {e['node']} ({e['owner']}) -> "
                           f"{e['placed_again_on']}", markup=False)

@@ -26,8 +26,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ..core.errors import PlacementError
+from ..core.nodeselector import NodeSelector
 from ..core.placement.base import get_policy
+from ..core.request import PodRequest
 from ..core.scheduler import Scheduler
 from ..core.state import ClusterState
 from .cluster import Cluster, GpuPod
@@ -96,6 +100,7 @@ class Plan:
     lower_bound: int
     note: str = ""
     warnings: list[str] = field(default_factory=list)
+    fit: str = ""  # --fit: the pod to make room for
     skipped: dict[str, int] = field(default_factory=dict)  # why GPUs could not be targeted
 
     def commands(self) -> list[str]:
@@ -112,7 +117,8 @@ class Plan:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "free_gpus": self.k, "freed": self.freed, "evictions": len(self.evict),
+            **({"fit": self.fit} if self.fit else {"free_gpus": self.k, "freed": self.freed}),
+            "evictions": len(self.evict),
             "exact": self.exact, "lower_bound": self.lower_bound, "note": self.note,
             "gpus": [f"{n}/{g}" for n, g in self.targets],
             "evict": [{"pod": p.key, "node": p.node, "owner": p.owner,
@@ -156,32 +162,52 @@ def _try(state: ClusterState, sched: Scheduler, cluster: Cluster, evict: Sequenc
     return (freed, placed) if ok else None
 
 
+class Evictable:
+    """Which pods a plan may evict (see the module), and whether a set of evictions keeps every
+    PodDisruptionBudget."""
+
+    def __init__(self, cluster: Cluster, pdbs: Sequence[Mapping[str, Any]] | None) -> None:
+        self.known = pdbs is not None
+        self.rules, self.warnings = budgets(pdbs or [])
+        self.pods = {p.key: p for p in cluster.placed}
+        self.labels = {key: p.request.labels for key, p in self.pods.items()}
+
+    def why_not(self, key: str) -> str | None:
+        p = self.pods.get(key)
+        if p is None:
+            return "held by a pod without a recorded decision"
+        if not p.owner or p.owner.startswith("Node/"):
+            return "held by a bare or static pod"
+        if not self.known:
+            return ("PodDisruptionBudgets unknown: dump them (kubectl get nodes,pods,pdb -A "
+                    "-o json) or say there are none (--assume-no-pdbs)")
+        ns = key.split("/", 1)[0]
+        if any(b.allowed <= 0 and b.selects(ns, self.labels.get(key, {})) for b in self.rules):
+            return "held by a pod whose PodDisruptionBudget allows no disruption"
+        return None
+
+    def within(self, evict: Sequence[GpuPod]) -> bool:
+        for b in self.rules:
+            n = sum(1 for p in evict
+                    if b.selects(p.key.split("/", 1)[0], self.labels.get(p.key, {})))
+            if n > b.allowed:
+                return False
+        return True
+
+
 def _plan(cluster: Cluster, state: ClusterState, policy: str, k: int,
-         pdbs: Sequence[Mapping[str, Any]] | None) -> Plan:
+          pdbs: Sequence[Mapping[str, Any]] | None) -> Plan:
     """The plan (see the module). ``pdbs`` ``None``: the budgets are not known, so no pod
     is evicted."""
-    rules, _ = budgets(pdbs or [])
-    pods = {p.key: p for p in cluster.placed}
-    labels = {key: p.request.labels for key, p in pods.items()}
+    ev = Evictable(cluster, pdbs)
+    pods = ev.pods
     holders: dict[Gpu, set[str]] = {}
     for key, r in state.pods.items():
         for g in r.alloc.per_gpu_mem():
             holders.setdefault((r.node, g), set()).add(key)
     skipped: dict[str, int] = {}
-
-    def movable(key: str) -> str | None:
-        p = pods.get(key)
-        if p is None:
-            return "held by a pod without a recorded decision"
-        if not p.owner or p.owner.startswith("Node/"):
-            return "held by a bare or static pod"
-        if pdbs is None:
-            return ("PodDisruptionBudgets unknown: dump them (kubectl get nodes,pods,pdb -A "
-                    "-o json) or say there are none (--assume-no-pdbs)")
-        ns = key.split("/", 1)[0]
-        if any(b.allowed <= 0 and b.selects(ns, labels.get(key, {})) for b in rules):
-            return "held by a pod whose PodDisruptionBudget allows no disruption"
-        return None
+    movable = ev.why_not
+    within_budgets = ev.within
 
     candidates: list[Gpu] = []
     for gpu, keys in sorted(holders.items()):
@@ -198,13 +224,6 @@ def _plan(cluster: Cluster, state: ClusterState, policy: str, k: int,
     learned = cluster.learned(pol)
     learned.prepare(state)
     sched = Scheduler(state, pol, tie_break="order")
-
-    def within_budgets(evict: Sequence[GpuPod]) -> bool:
-        for b in rules:
-            n = sum(1 for p in evict if b.selects(p.key.split("/", 1)[0], labels.get(p.key, {})))
-            if n > b.allowed:
-                return False
-        return True
 
     def pods_of(targets: Sequence[Gpu]) -> list[GpuPod]:
         keys = sorted(set().union(*(holders[g] for g in targets)),
@@ -256,3 +275,115 @@ def plan(cluster: Cluster, state: ClusterState, policy: str, k: int,
     out = _plan(cluster, state, policy, k, pdbs)
     out.warnings = budgets(pdbs or [])[1]
     return out
+
+
+FIT_MOST = 3  # evictions a --fit plan considers on one node
+FIT_SETS = 2000  # sets of pods tried on one node, fewest evictions first
+
+
+def fit(cluster: Cluster, state: ClusterState, policy: str, req: PodRequest,
+        selector: NodeSelector, pdbs: Sequence[Mapping[str, Any]] | None) -> Plan:
+    """The fewest evictions after which a pending pod fits: on each node the pod may go to,
+    the sets of at most :data:`FIT_MOST` evictable pods there (fewest first) after which it
+    fits the node; then, fewest evictions first (then the least GPU memory moved), each set is
+    checked whole: the pods evicted,
+    the pending pod placed by the policy (anywhere), the evicted pods placed again. Exact up to
+    :data:`FIT_MOST` evictions on one node."""
+    out = _fit(cluster, state, policy, req, selector, pdbs)
+    out.fit = req.key
+    out.warnings = budgets(pdbs or [])[1]
+    return out
+
+
+def _fit(cluster: Cluster, state: ClusterState, policy: str, req: PodRequest,
+         selector: NodeSelector, pdbs: Sequence[Mapping[str, Any]] | None) -> Plan:
+    ev = Evictable(cluster, pdbs)
+    pods = ev.pods
+    among = cluster.among(selector)
+    pol = get_policy(policy)
+    cluster.learned(pol).prepare(state)
+    sched = Scheduler(state, pol, tie_break="order")
+    pending = PodRequest("whatif", "fit", req.kind, req.containers, cpu_milli=req.cpu_milli,
+                         mem_mib=req.mem_mib, models=req.models)
+    if sched.candidates(pending, among).size:
+        return Plan(0, 0, [], [], {}, True, 0, "the pod fits now: nothing to evict")
+    rules_ok = state.node_mask(without_gpus(pending))
+    if among is not None:
+        rules_ok &= among
+    skipped: dict[str, int] = {}
+    options: list[tuple[int, int, str, tuple[str, ...]]] = []
+    for i in np.flatnonzero(rules_ok):
+        node = state.spec(int(i)).name
+        keys = state.node_pods(int(i))
+        ok = []
+        for key in keys:
+            why = ev.why_not(key)
+            if why:
+                skipped[why] = skipped.get(why, 0) + 1
+            else:
+                ok.append(key)
+        tried = 0
+        for size in range(1, min(FIT_MOST, len(ok)) + 1):
+            found = False
+            for combo in itertools.combinations(ok, size):
+                tried += 1
+                if tried > FIT_SETS:
+                    break
+                held = [state.pods[x] for x in combo]
+                for x in combo:
+                    state.release(x)
+                fits_there = bool(state.feasible(pending, np.array([int(i)]))[0])
+                for r in held:
+                    state.reserve(r.request, r.node, r.alloc, check_host=False)
+                    state.bind(r.request.key)
+                if fits_there:
+                    moved = sum(r.alloc.total_mem for r in held)
+                    options.append((size, moved, node, combo))
+                    found = True
+            if found:
+                break
+    options.sort()
+    for _size, _moved, node, combo in options:
+        evict = [pods[x] for x in combo]
+        if not ev.within(evict):
+            continue
+        got = _try_fit(state, sched, cluster, evict, pending, among)
+        if got is not None:
+            where, placed = got
+            return Plan(0, 0, evict, [], placed, True, len(evict),
+                        f"the pod then goes to {where} (the policy's choice; evictions on "
+                        f"{node})", skipped=skipped)
+    return Plan(0, 0, [], [], {}, True, FIT_MOST + 1,
+                f"no plan with at most {FIT_MOST} evictions on one node", skipped=skipped)
+
+
+def without_gpus(req: PodRequest) -> PodRequest:
+    """The pod's rules for a node (mode, model, host resources), its GPUs left aside."""
+    return PodRequest(req.namespace, req.name, req.kind, (), cpu_milli=0, mem_mib=0,
+                      models=req.models)
+
+
+def _try_fit(state: ClusterState, sched: Scheduler, cluster: Cluster, evict: Sequence[GpuPod],
+             pending: PodRequest, among: np.ndarray | None
+             ) -> tuple[str, dict[str, str]] | None:
+    held = [state.pods[p.key] for p in evict]
+    for p in evict:
+        sched.release(p.key)
+    placed: dict[str, str] = {}
+    d = sched.schedule(pending, among)
+    ok = d is not None
+    if ok:
+        for p in evict:
+            e = sched.schedule(p.request, cluster.among(p.selector))
+            if e is None:
+                ok = False
+                break
+            placed[p.key] = e.node_name
+    for key in placed:
+        sched.release(key)
+    if d is not None:
+        sched.release(pending.key)
+    for r in held:
+        state.reserve(r.request, r.node, r.alloc, check_host=False)
+        state.bind(r.request.key)
+    return (d.node_name, placed) if ok and d is not None else None
