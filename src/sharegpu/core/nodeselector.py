@@ -42,6 +42,10 @@ class NodeSelector:
         return any(all(_holds(r, labels) for r in term) for term in self.terms)
 
 
+#: the rule of a pod without one: any node
+ANY = NodeSelector()
+
+
 def _holds(req: Requirement, labels: Mapping[str, str]) -> bool:
     key, op, values = req
     have = labels.get(key)
@@ -65,6 +69,8 @@ def node_selector(pod: Mapping[str, Any]) -> NodeSelector:
     spec = pod.get("spec") or {}
     if not isinstance(spec, Mapping):
         raise ValidationError("spec", type(spec).__name__, "must be a JSON object")
+    if not spec.get("nodeSelector") and not spec.get("affinity"):
+        return ANY
     sel = spec.get("nodeSelector") or {}
     if not isinstance(sel, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in sel.items()):

@@ -16,7 +16,7 @@ from ..core.nodeselector import NodeSelector
 from ..core.placement.base import get_policy
 from ..inspect_cgpu.source import Objects, SourceError, load_file, load_live
 from .analysis import Options, analyse
-from .cluster import read
+from .cluster import gc_paused, read
 from .headroom import RULE_SHAPE, parse_shape, shape_from_pod
 
 HOW = "write the dump with: kubectl get nodes,pods -A -o json > FILE (or | gzip > FILE.gz)"
@@ -116,6 +116,12 @@ def run(args: argparse.Namespace, prog: str = "sharegpu whatif") -> int:
     to_fit = _pod_file("--fit", args.fit) if args.fit else None
     if args.plot:
         _check_plot(args.plot)
+    with gc_paused():
+        return _run(args, prog, shape, to_fit)
+
+
+def _run(args: argparse.Namespace, prog: str, shape: tuple | None, to_fit: tuple | None
+         ) -> int:
     try:
         objs = load(args)
     except SourceError as e:

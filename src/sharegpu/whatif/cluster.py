@@ -11,7 +11,9 @@ without a decision charged on every GPU of their node, other pods' CPU and memor
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import gc
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +27,7 @@ from ..core.nodeselector import NodeSelector, node_labels, node_selector
 from ..core.placement.base import Policy
 from ..core.placement.learned import LearnedWorkload
 from ..core.podreader import PlacementReader, pod_key
-from ..core.pods import is_terminated, node_of
+from ..core.pods import is_terminated
 from ..core.request import PodRequest
 from ..core.state import ClusterState, NodeSpec
 from ..inspect_cgpu.model import shape_problem
@@ -145,6 +147,20 @@ def _extender_policy(obj: Mapping[str, Any]) -> str | None:
     return None
 
 
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a cluster is read and analysed: it makes several
+    objects per pod that all live on, and the collector would scan the growing heap again and
+    again for none (as the extender's rebuild does)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def read(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]) -> Cluster:
     """The cluster from listed Node and Pod objects (objects that cannot be read are left out,
     each with a warning)."""
@@ -174,38 +190,50 @@ def read(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]) 
     host: dict[str, list[int]] = {}
     policy: str | None = None
     for obj in pods:
-        problem = shape_problem(obj, "Pod")
-        if problem:
-            warnings.append(problem)
-            continue
-        key = pod_key(obj)
-        if is_terminated(obj):
-            continue
-        meta = obj["metadata"]
-        node = node_of(obj)
-        phase = (obj.get("status") or {}).get("phase")
-        if policy is None and node and phase == "Running":
-            policy = _extender_policy(obj)
-        anns = meta.get("annotations") or {}
         try:
-            wants = reader.wants_gpu(obj)
-            alloc = reader.allocation(anns) if node else None
-            if not wants and alloc is None:
-                if node:
-                    cpu, mem = reader.host(obj)
-                    got = host.setdefault(node, [0, 0])
-                    got[0] += cpu
-                    got[1] += mem
-                continue
-            req = reader.request(obj)
-            selector = node_selector(obj)
-        except (ValidationError, AttributeError, TypeError) as e:
-            warnings.append(f"pod {key} left out: {e}")
+            got = _read_pod(obj, reader, host)
+            if policy is None and got is not None and got[1] is not None:
+                policy = got[1]
+        except (ValidationError, AttributeError, TypeError, KeyError, ValueError) as e:
+            warnings.append(shape_problem(obj, "Pod") or f"a pod left out: {e}")
             continue
-        created = str(meta.get("creationTimestamp") or "")
-        out.append(GpuPod(key, req, node, alloc, created, assume_time(anns), selector,
-                          _owner(meta)))
+        if got is not None and got[0] is not None:
+            out.append(got[0])
     if not specs:
         warnings.append(f"no node shares GPUs (none advertises {names.RES_GPU_MEM}, "
                         f"{names.RES_NVIDIA_GPU} or {names.RES_TOPOLOGY_GPU})")
     return Cluster(specs, labels, out, host, warnings, policy)
+
+
+def _read_pod(obj: Mapping[str, Any], reader: PlacementReader, host: dict[str, list[int]]
+              ) -> tuple[GpuPod | None, str | None] | None:
+    """A GPU pod (``None`` for another pod, whose CPU and memory go to ``host`` when it is
+    bound) and the extender's policy when the pod runs the extender. Raises on an object of
+    the wrong shape (the caller names the field)."""
+    meta = obj["metadata"]
+    if not isinstance(meta, Mapping) or not isinstance(meta["name"], str):
+        raise TypeError("metadata.name must be a string")
+    if is_terminated(obj):
+        return None
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    node = spec.get("nodeName") or ""
+    if not isinstance(node, str) or not isinstance(status.get("phase") or "", str):
+        raise TypeError("spec.nodeName and status.phase must be strings")
+    policy = _extender_policy(obj) if node and status.get("phase") == "Running" else None
+    anns = meta.get("annotations") or {}
+    wants = reader.wants_gpu(obj)
+    alloc = reader.allocation(anns) if node else None
+    if not wants and alloc is None:
+        if node:
+            cpu, mem = reader.host(obj)
+            got = host.setdefault(node, [0, 0])
+            got[0] += cpu
+            got[1] += mem
+        return None, policy
+    req = reader.request(obj)
+    selector = node_selector(obj)
+    created = meta.get("creationTimestamp") or ""
+    if not isinstance(created, str):
+        raise TypeError("metadata.creationTimestamp must be a string")
+    return GpuPod(pod_key(obj), req, node, alloc, created, assume_time(anns), selector,
+                  _owner(meta)), policy
