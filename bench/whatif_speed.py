@@ -25,7 +25,7 @@ from sharegpu.core.state import NodeSpec
 from sharegpu.sim import generate
 from sharegpu.sim.workload import stream
 from sharegpu.whatif.cluster import gc_paused, read
-from sharegpu.whatif.replay import holders, orderings, replay_one
+from sharegpu.whatif.policyreplay import holders, orderings, replay_one
 from sharegpu.whatif.today import today
 from sharegpu_testing.dumps import gpu_target, synthesise
 from sharegpu_testing.replay import GPU_UNITS

@@ -11,7 +11,7 @@ from sharegpu.core.placement.base import Policy
 from sharegpu.sim import generate
 from sharegpu.sim.trace import NODE_FILE, read_nodes, read_pods, workload_path
 from sharegpu.whatif.cluster import read
-from sharegpu.whatif.replay import holders, orderings, replay_one
+from sharegpu.whatif.policyreplay import holders, orderings, replay_one
 from sharegpu_testing.dumps import Dump, place, synthesise
 
 # random draws over the node slots, which the simulator holds in the trace's order and a cluster

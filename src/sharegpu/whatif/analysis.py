@@ -13,7 +13,7 @@ from ..core.placement.base import Policy, available, resolve
 from ..core.request import PodRequest
 from .cluster import Cluster
 from .headroom import describe, fits
-from .replay import PolicyReplay, orderings, replay
+from .policyreplay import PolicyReplay, orderings, replay
 from .today import Today, today
 
 POLICY_SOURCE = {"flag": "--current-policy", "dump": "the extender's Pod in the dump (--policy)"}
