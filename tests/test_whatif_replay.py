@@ -88,3 +88,39 @@ def test_ties_in_creation_order_are_replayed_in_several_orders():
             sorted(p.created for p in cluster.pods)
     how, orders = orderings(cluster, 1)
     assert "else by name" in how and len(orders) == 1
+
+
+def test_whatif_reads_a_cluster_as_the_extender_rebuilds_it():
+    """The same state and the same learnt target as the extender's rebuild (ClusterCache.reset)
+    from the same objects: recorded placements, a GPU pod without a decision, pods without
+    GPUs (their CPU and memory), a finished pod, a pending one."""
+    import numpy as np
+
+    from sharegpu.core.placement.base import get_policy
+    from sharegpu.core.placement.learned import LearnedWorkload
+    from sharegpu.extender.cache import ClusterCache
+    from sharegpu_testing import kobjects
+
+    nodes = generate.nodes(2023, count=30)
+    pods = [p for p in generate.pods(2023, count=200) if p.num_gpu]
+    dump = synthesise(nodes, pods, policy="bestfit", seed=0, inflation=1.0)
+    node_objs, pod_objs = _objects(dump)
+    first = node_objs[0]["metadata"]["name"]
+    extra = [kobjects.pod("unrecorded", mem=100, node_name=first, cpu="1", memory="1Gi"),
+             kobjects.pod("web", node_name=first, containers=[{}], cpu="3", memory="2Gi"),
+             kobjects.pod("done", mem=500, node_name=first, cpu="50")]
+    extra[2]["status"]["phase"] = "Succeeded"
+    pod_objs = [*pod_objs, *extra]
+    cache = ClusterCache("fgd", LearnedWorkload(get_policy("fgd")))
+    cache.reset(node_objs, pod_objs)
+    cluster = read(node_objs, pod_objs)
+    state, problems = cluster.state()
+    assert not problems
+    assert state.fingerprint() == cache.state.fingerprint()
+    learned = cluster.learned(get_policy("fgd"))
+    learned.prepare(state)
+    ours, theirs = learned.workload, cache.learned.workload
+    assert ours is not None and theirs is not None
+    for f in ("cpu", "gpu", "k", "p", "mem"):
+        assert np.array_equal(getattr(ours, f), getattr(theirs, f)), f
+    assert ours.models == theirs.models
