@@ -124,3 +124,23 @@ def test_whatif_reads_a_cluster_as_the_extender_rebuilds_it():
     for f in ("cpu", "gpu", "k", "p", "mem"):
         assert np.array_equal(getattr(ours, f), getattr(theirs, f)), f
     assert ours.models == theirs.models
+
+
+def test_the_figures_are_a_mean_and_sd_over_the_orderings():
+    from sharegpu.whatif.analysis import Options, analyse
+
+    nodes = generate.nodes(2023, count=40)
+    pods = [p for p in generate.pods(2023, count=400) if p.num_gpu]
+    dump = synthesise(nodes, pods, policy="bestfit", seed=0, inflation=1.1, same_second=20,
+                      assume_time=False)
+    cluster = read(*_objects(dump))
+    a = analyse(cluster, Options(policies=["bestfit", "spread"], orderings=4))
+    doc = a.to_json()
+    assert "in 4 random orders" in doc["replay"]["order"]
+    for p in doc["replay"]["policies"]:
+        assert p["orderings"] == 4
+        runs = next(r for r in a.replays if r.policy == p["policy"]).runs
+        alloc = [r.totals["mem_allocated"] for r in runs]
+        assert p["mem_allocated"]["mean"] == round(sum(alloc) / 4, 3)
+    # the orders differ, and with a cluster this full so do some figures
+    assert any(p["gpus_held_otherwise_than_today"]["sd"] > 0 for p in doc["replay"]["policies"])
