@@ -25,7 +25,7 @@ from ..core.scheduler import Scheduler
 from ..core.state import ClusterState
 from .cluster import Cluster, GpuPod
 from .headroom import fits
-from .measure import figures
+from .measure import GpuFigures, figures
 
 Holders = dict[tuple[str, int], frozenset[tuple[str, int]]]
 
@@ -141,11 +141,8 @@ def replay_one(cluster: Cluster, policy: str, order: Sequence[GpuPod], today: Ho
     return run
 
 
-def gpu_rows(fig: object) -> dict[str, list[tuple[int, int, int]]]:
+def gpu_rows(fig: GpuFigures) -> dict[str, list[tuple[int, int, int]]]:
     """Per node: (allocated, stranded, free) memory of each GPU."""
-    from .measure import GpuFigures
-
-    assert isinstance(fig, GpuFigures)
     alloc, strand = fig.allocated, fig.stranded
     out = {}
     for i, name in enumerate(fig.nodes):
