@@ -195,7 +195,7 @@ def read(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]) 
             if policy is None and got is not None and got[1] is not None:
                 policy = got[1]
         except (ValidationError, AttributeError, TypeError, KeyError, ValueError) as e:
-            warnings.append(shape_problem(obj, "Pod") or f"a pod left out: {e}")
+            warnings.append(shape_problem(obj, "Pod") or f"pod {pod_key(obj)} left out: {e}")
             continue
         if got is not None and got[0] is not None:
             out.append(got[0])
