@@ -39,6 +39,7 @@ from lightkube.resources.core_v1 import Event, Node, Pod
 
 from sharegpu.core import names
 from sharegpu.core.annotations import Allocation, decode, encode, first_generation_holds
+from sharegpu.core.errors import ValidationError
 from sharegpu.core.modes import Mode, advertised_resources
 from sharegpu.core.nodes import spec_from_node
 from sharegpu.core.placement.gpus import assign, node_strategy, request_strategy
@@ -325,6 +326,14 @@ def _kube_fit(nodes: list[dict[str, Any]], pods: list[dict[str, Any]],
     return out
 
 
+def _refused(pod: dict[str, Any]) -> bool:
+    try:
+        parse_pod(pod)
+    except ValidationError:
+        return True
+    return False
+
+
 def _events(admin: Client, ns: str) -> list[dict[str, Any]]:
     return [e.to_dict() for e in admin.list(Event, namespace=ns)]
 
@@ -520,6 +529,33 @@ def test_real_kube_scheduler_places_gpu_pods(controlplane: ControlPlane, admin: 
         every = inspect_model.build([n.to_dict() for n in admin.list(Node)],
                                     [p.to_dict() for p in admin.list(Pod, namespace="*")])
         assert live.stdout.strip() == inspect_render.summary(every).strip()
+
+        # --- sharegpu whatif reads the same dump: each shared node's allocation is inspect's;
+        # the replay under the extender's policy, in the order it decided, is reported (the
+        # extender re-learnt its target as the pods came; the replay holds the final one)
+        from sharegpu.whatif.cluster import read as whatif_read
+        from sharegpu.whatif.measure import figures
+        from sharegpu.whatif.policyreplay import holders, orderings, replay_one
+
+        listed = sorted(nodes, key=lambda n: n["metadata"]["name"])
+        wcluster = whatif_read(listed, pods_now)
+        wstate, wproblems = wcluster.state()
+        assert wproblems == [], wproblems
+        # the pods whose request the webhook would refuse are left out, each named
+        refused = {p["metadata"]["name"] for p in pending if _refused(p)}
+        assert sorted(wcluster.warnings) == sorted(
+            w for w in wcluster.warnings if any(f"/{n} left out: " in w for n in refused))
+        fig = figures(wstate, None)
+        walloc = dict(zip(fig.nodes, fig.allocated.sum(axis=1).tolist(), strict=True))
+        for u in usage.nodes:
+            assert walloc[u.name] == u.mem_allocated, u.name
+        assert len(wcluster.bound) == len(bound)
+        how, orders = orderings(wcluster, 1)
+        wrun = replay_one(wcluster, "default", orders[0], holders(wstate))
+        report(f"whatif on the real dump: {len(wcluster.bound)} bound and "
+               f"{len(wcluster.pending)} pending GPU pods in {how}; the replay under default "
+               f"holds {wrun.differences} GPUs otherwise, {len(wrun.unplaced)} bound pods not "
+               f"placed, {wrun.pending_fit} pending pods placed")
 
         # --- GPU choice inside the node: binpack/spread labels and topology (topo-b's link
         # matrix pairs 0-2 and 1-3), replayed in the order the pods were placed
