@@ -92,3 +92,41 @@ def test_round_trip(mem, t):
     first = {k: v for k, v in ann.items() if k.startswith("ALIYUN_COM_GPU_MEM")}
     if len(set(a.per_gpu_mem().values())) == 1:
         assert decode(first).per_gpu_mem() == a.per_gpu_mem()
+
+
+FIRST_GEN_PLACEMENT = (names.ANN_MEM_IDX, names.ANN_MEM_POD, names.ANN_MEM_DEV)
+
+
+@pytest.mark.parametrize("mem", [
+    {0: {0: 4}, 1: {1: 2}},  # 4+2 on two GPUs: an even split would read back 3+3
+    {0: {0: 3}, 1: {1: 2}},  # 3+2: a total of 5 over two GPUs is refused
+    {0: {0: 4, 1: 4}, 1: {1: 2}},  # GPU 0 holds 4, GPU 1 holds 6
+])
+def test_mixed_per_gpu_amounts_round_trip_through_either_generation(mem):
+    """What encode writes reads back as the same GPUs and amounts, from both generations
+    together and from the first generation alone (as ACK's older tools write and read it):
+    the first generation, one GPU list and a pod total split evenly, cannot say unequal
+    amounts, so for such a pod it is not written, rather than written wrong."""
+    a = Allocation(mem=mem)
+    ann = encode(a, assume_time_ns=5, gpu_capacity={0: 16, 1: 16})
+    both = decode(ann)
+    assert both is not None and both.per_gpu_mem() == a.per_gpu_mem()
+    first = {k: v for k, v in ann.items() if k.startswith("ALIYUN_COM_GPU_MEM")}
+    if any(k in first for k in FIRST_GEN_PLACEMENT):
+        alone = decode(first)
+        assert alone is not None and alone.per_gpu_mem() == a.per_gpu_mem()
+    assert ann[names.ANN_MEM_ASSIGNED] == "false" and ann[names.ANN_MEM_ASSUME_TIME] == "5"
+
+
+@given(st.dictionaries(st.integers(0, 3), st.dictionaries(st.integers(0, 7), st.integers(1, 80),
+                                                          min_size=1, max_size=4),
+                       min_size=1, max_size=3))
+def test_any_allocation_reads_back_from_what_encode_writes(mem):
+    a = Allocation(mem=mem)
+    ann = encode(a, assume_time_ns=1)
+    assert decode(ann).per_gpu_mem() == a.per_gpu_mem()
+    first = {k: v for k, v in ann.items() if k.startswith("ALIYUN_COM_GPU_MEM")}
+    if names.ANN_MEM_IDX in first:
+        assert decode(first).per_gpu_mem() == a.per_gpu_mem()
+    else:  # only where the first generation cannot say it
+        assert len(set(a.per_gpu_mem().values())) > 1

@@ -1046,7 +1046,7 @@ def test_dockerfile_builds_one_image_for_every_component():
 
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["sharegpu"] == "sharegpu.cli:main"
-    assert scripts["kubectl-inspect-cgpu"] == "sharegpu.inspect_cgpu.cli:main"
+    assert scripts["kubectl-inspect-cgpu"] == "sharegpu.whatif.plugin:main"
     # what the chart runs: `sharegpu <component>` for the three components
     subcommands = {args_of(d)[0] for d in render(None) if d["kind"] in ("Deployment", "DaemonSet")
                    and "scheduler" not in d["metadata"]["name"]}

@@ -333,8 +333,8 @@ def test_a_translated_gpu_count_pod_is_read_as_a_claim_pod_everywhere() -> None:
     (the extender's filter, inspect) refused it for that label
     ("needs a container that asks for aliyun.com/gpu-mem"), so the extender filtered every
     gpu-count 2 DRA pod out of every node. The webhook's annotation makes the label a note."""
+    from sharegpu.core.podreader import PlacementReader
     from sharegpu.core.request import RULE_COUNT_NEEDS_MEM, Kind, parse_pod
-    from sharegpu.extender.reader import PlacementReader
 
     pod = dra_pod(mem=8, gpu_count=2)
     tr = translate(pod, POOL)

@@ -9,6 +9,7 @@ import inspect
 import pkgutil
 
 import sharegpu.extender as extender
+from sharegpu.core.placement.learned import LearnedWorkload
 from sharegpu.extender.answers import SchedulingAnswers
 from sharegpu.extender.cache import ClusterCache
 from sharegpu.extender.drastate import DraState
@@ -16,7 +17,6 @@ from sharegpu.extender.early_prioritize import EarlyPrioritize
 from sharegpu.extender.gangs import GangScheduling
 from sharegpu.extender.pickholds import PickHolds
 from sharegpu.extender.view import ClusterView
-from sharegpu.extender.workload import LearnedWorkload
 
 
 def _classes() -> list[type]:

@@ -65,23 +65,35 @@ def encode(
     """Annotations of both generations for a fresh (not yet assigned) placement.
 
     ``gpu_capacity`` maps GPU index to its total memory; the first generation's
-    ``ALIYUN_COM_GPU_MEM_DEV`` carries the capacity of the first chosen GPU.
+    ``ALIYUN_COM_GPU_MEM_DEV`` carries the capacity of the first chosen GPU. The first
+    generation's placement (a GPU list and the pod's total, read as an even split) is written
+    only where it reads back as the same amount on each GPU: a pod whose containers hold
+    different amounts on different GPUs (4 GiB on one, 2 on another) has the second
+    generation's alone, since the first would read back 3 + 3 (or not at all for 3 + 2).
     """
     gpus = alloc.gpus
     dev = (gpu_capacity or {}).get(gpus[0], 0) if gpus else 0
-    out = {
-        names.ANN_MEM_IDX: ",".join(str(g) for g in gpus),
-        names.ANN_MEM_POD: str(alloc.total_mem),
-        names.ANN_MEM_DEV: str(dev),
+    out: dict[str, str] = {}
+    if first_generation_holds(alloc):
+        out[names.ANN_MEM_IDX] = ",".join(str(g) for g in gpus)
+        out[names.ANN_MEM_POD] = str(alloc.total_mem)
+        out[names.ANN_MEM_DEV] = str(dev)
+    out.update({
         names.ANN_MEM_ASSIGNED: "false",
         names.ANN_MEM_ASSUME_TIME: str(int(assume_time_ns)),
         names.ANN_ALLOCATION: _dump(alloc.mem),
         names.ANN_ASSIGNED: "false",
         names.ANN_ASSUME_TIME: str(int(assume_time_ns)),
-    }
+    })
     if any(alloc.core.values()):
         out[names.ANN_CORE] = _dump(alloc.core)
     return out
+
+
+def first_generation_holds(alloc: Allocation) -> bool:
+    """Whether the first generation (GPU list, pod total split evenly) says this placement:
+    every GPU holds the same amount."""
+    return len(set(alloc.per_gpu_mem().values())) <= 1
 
 
 def assigned_patch() -> dict[str, str]:

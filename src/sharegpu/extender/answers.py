@@ -15,6 +15,7 @@ import numpy as np
 
 from ..core.errors import PlacementError
 from ..core.placement.base import resolve
+from ..core.placement.learned import LearnedWorkload
 from ..core.placement.moves import has_fast_path
 from ..core.placement.nodecache import ShapeCache
 from ..core.placement.rowmemo import unique_keys
@@ -23,7 +24,6 @@ from ..core.state import _KIND_MODES, _MODE_CODES, ClusterState, Reservation, wi
 from .cache import UNKNOWN_NODE, ClusterCache
 from .drastate import DraState
 from .pickholds import PickHolds
-from .workload import LearnedWorkload
 
 # policies whose score of a node reads that node's row alone (so scores keep until it changes)
 ROW_LOCAL_POLICIES = frozenset({"fgd", "strand", "strandlp", "strandfill"})

@@ -33,13 +33,13 @@ from ..core.annotations import Allocation, is_assigned
 from ..core.errors import PlacementError, ValidationError
 from ..core.modes import Mode
 from ..core.nodes import spec_from_node
+from ..core.placement.learned import LearnedWorkload
+from ..core.podreader import Placed, PlacementReader, pod_key
 from ..core.pods import is_terminated, node_of
 from ..core.request import PodRequest
 from ..core.scheduler import Scheduler
 from ..core.startingpods import StartingPods
 from ..core.state import ClusterState, NodeSpec, Reservation
-from .reader import Placed, PlacementReader, _key
-from .workload import LearnedWorkload
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +226,7 @@ class ClusterCache:
         self.host, self.host_sum = {}, {}
         known, self.unseen = self.unseen, {}
         for obj in unseen:  # after every recorded decision, as the consistency check does
-            self._charge_unseen(obj, notify=_key(obj) not in known)
+            self._charge_unseen(obj, notify=pod_key(obj) not in known)
         # every other bound, live pod: its host CPU and memory, per node
         held = state.pods
         for key, node, cpu, mem in on_nodes:
@@ -248,7 +248,7 @@ class ClusterCache:
     def _charge_unseen(self, obj: Mapping[str, Any], *, notify: bool = True) -> None:
         """Charge a bound GPU pod that carries no decision (see
         :meth:`ClusterState.charge_unseen`)."""
-        key = _key(obj)
+        key = pod_key(obj)
         if key in self.state.pods:
             return
         try:
@@ -313,7 +313,7 @@ class ClusterCache:
         (the list was taken before our binding landed; ``nodeName`` never goes back)."""
         if (obj.get("spec") or {}).get("nodeName") or _ended(obj):
             return None
-        p = self.placed.get(_key(obj))
+        p = self.placed.get(pod_key(obj))
         uid = str((obj.get("metadata") or {}).get("uid") or "")
         if p is None or (uid and p[0].uid and p[0].uid != uid):
             return None

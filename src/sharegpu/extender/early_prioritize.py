@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 
+from ..core.placement.learned import LearnedWorkload
 from ..core.request import PodRequest
 from .answers import SchedulingAnswers, request_key
 from .cache import ClusterCache
-from .workload import LearnedWorkload
 
 
 class EarlyPrioritize:

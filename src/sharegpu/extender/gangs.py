@@ -25,14 +25,14 @@ from ..core.gang import (
     parse_min,
     plan,
 )
+from ..core.placement.learned import LearnedWorkload
+from ..core.podreader import pod_key
 from ..core.pods import is_terminated, node_of
 from ..core.request import PodRequest
 from ..core.state import Reservation
 from .answers import SchedulingAnswers
 from .cache import ClusterCache
 from .drastate import DraPodRequest
-from .reader import _key
-from .workload import LearnedWorkload
 
 GroupKey = tuple[str, str]  # (namespace, name)
 
@@ -197,7 +197,7 @@ class GangScheduling:
             meta = obj.get("metadata") or {}
             labels = meta.get("labels") or {}
             if labels and _names_group(labels):
-                self._note_pod(_key(obj), obj)
+                self._note_pod(pod_key(obj), obj)
         self._held_by = {}
         for k, gk in holds.items():  # in-flight holds survive a rebuild (the reset keeps them)
             self._held_by[k] = gk

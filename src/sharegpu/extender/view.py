@@ -25,6 +25,8 @@ from typing import Any
 
 from ..core.placement.base import get_policy
 from ..core.placement.fragmentation import TargetWorkload
+from ..core.placement.learned import LearnedWorkload, default_workload, shape_of
+from ..core.podreader import Placed, PlacementReader, pod_key
 from ..core.request import Kind, PodRequest
 from ..core.state import Reservation
 from .answers import ROW_LOCAL_POLICIES, SchedulingAnswers, request_key
@@ -34,8 +36,6 @@ from .early_prioritize import EarlyPrioritize
 from .gangs import GangScheduling
 from .pickholds import PickHolds
 from .picks import DEFAULT_TIMEOUT_S, HeldPicks
-from .reader import Placed, PlacementReader, _key
-from .workload import LearnedWorkload, default_workload, shape_of
 
 
 class _Part:
@@ -119,14 +119,14 @@ class ClusterView:
 
     # -- the informer's events ---------------
     def upsert_pod(self, obj: Mapping[str, Any]) -> None:
-        key = _key(obj)
+        key = pod_key(obj)
         self.gangs.on_pod(key, obj)
         self.dra.dra_pod_event(key, obj)
         self.holds.on_pod(key, obj)
         self.ledger.upsert_pod(key, obj)
 
     def delete_pod(self, obj: Mapping[str, Any]) -> None:
-        key = _key(obj)
+        key = pod_key(obj)
         self.gangs.on_pod_deleted(key)
         self.dra.dra_pod_event(key, None)
         self.learned.forget(key)

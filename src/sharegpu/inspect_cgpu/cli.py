@@ -54,12 +54,19 @@ def build_parser() -> argparse.ArgumentParser:
                    "in-cluster)")
     p.add_argument("--request-timeout", type=float, default=20.0, metavar="SECONDS",
                    help="API request timeout (default: 20)")
+    p.add_argument("--what-if", action="store_true",
+                   help="what each placement policy would make of this cluster's pods, and "
+                   "headroom (the options of 'sharegpu whatif'; docs/whatif.md)")
     p.add_argument("--version", action="version", version=f"%(prog)s (sharegpu {__version__})")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.what_if:  # kubectl's program (sharegpu.whatif.plugin) answers it before this
+        print(f"{PROG}: error: --what-if is answered by the kubectl-inspect-cgpu program or "
+              "'sharegpu whatif'", file=sys.stderr)
+        return 2
     try:
         if args.file:
             objs = load_file(args.file)

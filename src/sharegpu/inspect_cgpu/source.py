@@ -2,7 +2,8 @@
 and ResourceClaims): a dump file or a live cluster.
 
 - ``--file DUMP``: the output of ``kubectl get nodes,pods -A -o json`` (a ``List``), or a
-  ``NodeList``/``PodList``, or several of those in a JSON array; ``-`` reads standard input.
+  ``NodeList``/``PodList``, or several of those in a JSON array; ``-`` reads standard input;
+  gzipped (``kubectl get ... | gzip``) it is read as it is.
   A support bundle can be inspected offline this way. With DRA:
   ``kubectl get nodes,pods,resourceslices,resourceclaims -A -o json``.
 - Live: lightkube, with the cluster from ``--kubeconfig``, else ``$KUBECONFIG`` (the first file
@@ -19,10 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import json
 import re
 import ssl
 import sys
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +41,10 @@ class Objects:
     slices: list[dict[str, Any]] = field(default_factory=list)  # resource.k8s.io/v1
     claims: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    #: PodDisruptionBudgets (policy/v1), for a plan that evicts pods (sharegpu whatif)
+    pdbs: list[dict[str, Any]] = field(default_factory=list)
+    #: how many objects of each other kind the dump held (Deployments, Events, ...), left out
+    other_kinds: dict[str, int] = field(default_factory=dict)
 
 
 class SourceError(ShareGpuError):
@@ -99,14 +106,19 @@ def _collect(doc: Any, nodes: list, pods: list, where: str, depth: int = 0,
         if not isinstance(items, list):
             raise SourceError(f"{where}: field '{at}items' must be a list of objects")
         implied = {"NodeList": "Node", "PodList": "Pod", "ResourceSliceList": "ResourceSlice",
-                   "ResourceClaimList": "ResourceClaim"}.get(kind or "")
+                   "ResourceClaimList": "ResourceClaim",
+                   "PodDisruptionBudgetList": "PodDisruptionBudget"}.get(kind or "")
         for i, item in enumerate(items):
             if isinstance(item, Mapping) and implied and "kind" not in item:
                 item = {**item, "kind": implied}
                 if implied in _DRA_KINDS and "apiVersion" not in item and version:
                     item["apiVersion"] = version
             _collect(item, nodes, pods, where, depth + 1, dra, f"{at}items[{i}].")
-    # other kinds (Events, Services, ...) in a support bundle are ignored
+    elif kind == "PodDisruptionBudget" and dra is not None:
+        dra.pdbs.append(dict(doc))
+    elif dra is not None:  # other kinds (Events, Services, ...) in a support bundle: left out
+        name = kind or "(no kind)"
+        dra.other_kinds[name] = dra.other_kinds.get(name, 0) + 1
 
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
@@ -130,11 +142,21 @@ def load_file(path: str) -> Objects:
     """Nodes and pods from a dump written by ``kubectl get nodes,pods -A -o json``."""
     where = "standard input" if path == "-" else path
     try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+        raw = _stdin_bytes() if path == "-" else Path(path).read_bytes()
     except OSError as e:
         raise SourceError(f"--file {where}: cannot read it: {e.strerror or e}") from None
+    if raw[:2] == GZIP_MAGIC:  # kubectl get ... -o json | gzip
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as e:
+            raise SourceError(f"--file {where}: a gzip file that does not decompress ({e}); "
+                              "write it with: kubectl get nodes,pods -A -o json | gzip > FILE"
+                              ) from None
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise SourceError(f"--file {where}: not UTF-8 text") from None
+        raise SourceError(f"--file {where}: not UTF-8 text (nor gzip); write it with: "
+                          "kubectl get nodes,pods -A -o json > FILE") from None
     try:
         doc = json.loads(text)
     except RecursionError:
@@ -155,10 +177,29 @@ def load_file(path: str) -> Objects:
     _collect(doc, nodes, pods, f"--file {where}", dra=dra)
     if not nodes:
         raise SourceError(
-            f"--file {where}: holds no Node objects; write it with: "
+            f"--file {where}: holds no Node objects{_holding(dra.other_kinds)}; write it with: "
             "kubectl get nodes,pods -A -o json > FILE"
         )
-    return Objects(nodes, pods, dra.slices, dra.claims)
+    return Objects(nodes, pods, dra.slices, dra.claims, pdbs=dra.pdbs,
+                   other_kinds=dra.other_kinds)
+
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _stdin_bytes() -> bytes:
+    buffer = getattr(sys.stdin, "buffer", None)
+    if buffer is not None:
+        return buffer.read()
+    return sys.stdin.read().encode("utf-8", "surrogatepass")  # a text stream (tests, IDEs)
+
+
+def _holding(kinds: Mapping[str, int]) -> str:
+    """`` (it holds 3 Deployment, 2 Service)``: what a dump held instead, when anything."""
+    if not kinds:
+        return ""
+    top = sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0]))[:4]
+    return " (it holds " + ", ".join(f"{n} {k}" for k, n in top) + ")"
 
 
 def _dra_resources() -> tuple[Any, Any]:
@@ -189,9 +230,10 @@ def kubeconfig_path(explicit: str | None = None) -> str | None:
 
 
 def load_live(kubeconfig: str | None = None, *, timeout: float = 20.0,
-              context: str | None = None) -> Objects:
+              context: str | None = None, with_pdbs: bool = False) -> Objects:
     """Nodes and pods from the cluster (pods of every namespace); ``context`` picks a context
-    of the kubeconfig other than its current one."""
+    of the kubeconfig other than its current one; ``with_pdbs``: PodDisruptionBudgets too (one
+    that cannot be listed leaves ``{"unreadable": True}`` in their place)."""
     try:
         from lightkube import ApiError, AsyncClient, ConfigError
         from lightkube.core.generic_client import httpx
@@ -228,6 +270,16 @@ def load_live(kubeconfig: str | None = None, *, timeout: float = 20.0,
             nodes = [n.to_dict() async for n in client.list(Node, chunk_size=500)]
             pods = [p.to_dict() async for p in client.list(Pod, namespace="*", chunk_size=500)]
             out = Objects(nodes, pods)
+            if with_pdbs:
+                from lightkube.resources.policy_v1 import PodDisruptionBudget
+
+                try:
+                    out.pdbs = [o.to_dict() async for o in client.list(
+                        PodDisruptionBudget, namespace="*", chunk_size=500)]
+                except ApiError as e:
+                    out.warnings.append(f"cannot list poddisruptionbudgets ({e.status.message})"
+                                        ": a plan evicts no pod")
+                    out.pdbs = [{"unreadable": True}]
             slice_res, claim_res = _dra_resources()
             for what, res, ns in (("resourceslices", slice_res, None),
                                   ("resourceclaims", claim_res, "*")):

@@ -18,7 +18,7 @@ from ..core.errors import ValidationError
 from ..core.placement.base import get_policy
 from ..core.placement.fragmentation import TargetWorkload
 from ..core.placement.policies.fgd import FragmentationModel
-from ..core.scheduler import Scheduler
+from ..core.scheduler import Decision, Scheduler
 from ..core.state import ClusterState, NodeSpec
 from .trace import GPU_UNITS, TracePod
 from .workload import stream
@@ -123,9 +123,11 @@ def run_one(
     placements: list[str | None] | None = None,
     gpu_choice: str = "policy",
     headline_only: bool = False,
+    decisions: list[Decision | None] | None = None,
 ) -> RunResult:
     """One policy over one seed's pod stream. ``placements``, when given, gets each pod's node
-    (``None`` when it was not placed), in stream order. ``on_progress`` gets the number of pods
+    (``None`` when it was not placed), in stream order; ``decisions`` each pod's decision (node
+    and GPUs). ``on_progress`` gets the number of pods
     decided so far, every 64 pods. ``gpu_choice="allocator"``: the policy
     picks the node, the GPUs inside it are the DRA allocator's (first fit in device order).
     ``headline_only``: the stream stops at :func:`headline_length`, so the headline and the
@@ -158,6 +160,8 @@ def run_one(
         total_arrived += tp.gpu_demand
         if placements is not None:
             placements.append(d.node_name if d is not None else None)
+        if decisions is not None:
+            decisions.append(d)
         if d is not None:
             placed += 1
             total_used += tp.gpu_demand

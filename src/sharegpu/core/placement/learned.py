@@ -1,4 +1,5 @@
-"""The target workload the extender's policy is prepared with: learnt from the shapes of the
+"""The target workload a cluster's policy is prepared with (the extender's, and
+``sharegpu whatif``'s replays): learnt from the shapes of the
 pods seen (first after ``workload_refresh`` pods, then each time their number doubled) or
 fixed, and a default until pods have been seen."""
 
@@ -7,11 +8,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from ..core.annotations import Allocation
-from ..core.placement.base import Policy
-from ..core.placement.fragmentation import Shape, TargetWorkload
-from ..core.request import PodRequest
-from ..core.state import ClusterState
+from ..annotations import Allocation
+from ..request import PodRequest
+from ..state import ClusterState
+from .base import Policy
+from .fragmentation import Shape, TargetWorkload
 
 
 def shape_of(req: PodRequest, alloc: Allocation) -> Shape | None:

@@ -1,17 +1,18 @@
-"""Reading Pod objects into what the view holds: a pod's GPU request, its host CPU and
-memory, and its placement from its annotations, with the pure steps memoised
-(:class:`PlacementReader`). Part of the extender's view (:mod:`.view`)."""
+"""Reading Pod objects into what a cluster's state holds: a pod's GPU request, its host CPU
+and memory, and its placement from its annotations, with the pure steps memoised
+(:class:`PlacementReader`). The extender's view reads its cluster with it, and so does
+``sharegpu whatif``, so both read a cluster alike."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..core import hostresources, names
-from ..core.annotations import Allocation, decode
-from ..core.errors import ValidationError
-from ..core.pods import is_terminated, node_of
-from ..core.request import PodRequest, parse_pod
+from . import hostresources, names
+from .annotations import Allocation, decode
+from .errors import ValidationError
+from .pods import is_terminated, node_of
+from .request import PodRequest, parse_pod
 
 Placed = tuple[PodRequest, str, Allocation]
 
@@ -88,7 +89,7 @@ class PlacementReader:
                 host = hostresources.pod_request(obj)
             except ValidationError as e:
                 if self.on_problem is not None:
-                    self.on_problem(_key(obj), f"CPU/memory request not counted: {e}")
+                    self.on_problem(pod_key(obj), f"CPU/memory request not counted: {e}")
                 host = (0, 0)
             hit = (base, host)
             if key is not None:
@@ -164,7 +165,8 @@ class PlacementReader:
         return self.request(obj), node, alloc
 
 
-def _key(obj: Mapping[str, Any]) -> str:
+def pod_key(obj: Mapping[str, Any]) -> str:
+    """``namespace/name`` of a Pod object (the state's key)."""
     meta = obj.get("metadata") or {}
     return f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
 
