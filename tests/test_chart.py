@@ -25,6 +25,8 @@ EXAMPLES = sorted(p.name for p in (CHART / "examples").glob("*.yaml"))
 NS = "gpu-system"
 KUBE = "1.30.0"  # kubernetes-validate ships schemas for it; matchConditions are GA there
 CRD_KINDS = {"ServiceMonitor", "Certificate", "Issuer"}
+# below Kubernetes 1.30 the chart installs only when told to go without the tenant guard
+UNGUARDED = "tenantGuard.installUnguarded=true"
 
 
 def helm() -> str:
@@ -64,10 +66,12 @@ def one(docs, kind, name_part=""):
 
 def pods_hook(vwc):
     """The pod webhook of the chart's ValidatingWebhookConfiguration (the second one checks
-    ResourcePolicies; with agent.dra.enabled two more check claims and templates)."""
+    ResourcePolicies, the third workloads' pod templates; with agent.dra.enabled two more check
+    claims and templates)."""
     names = [w["name"] for w in vwc["webhooks"]]
-    assert names[:2] == ["pods.validate.sharegpu.io", "resourcepolicies.validate.sharegpu.io"]
-    assert names[2:] in ([], CLAIM_HOOKS)
+    assert names[:3] == ["pods.validate.sharegpu.io", "resourcepolicies.validate.sharegpu.io",
+                         "podtemplates.validate.sharegpu.io"]
+    assert names[3:] in ([], CLAIM_HOOKS)
     return vwc["webhooks"][0]
 
 
@@ -278,11 +282,49 @@ def test_rbac_is_least_privilege(values):
     # every component that talks to the API server can do what it needs
     ext = perms["sharegpu-extender"][0]
     assert ("", "pods/binding", "create", None) in ext and ("", "pods", "patch", None) in ext
-    assert ("", "pods", "patch", None) in perms["sharegpu-agent"][0]
+    # the agent's writes of nodes and pods are fenced to its own node by the tenant guard
+    agent = perms["sharegpu-agent"][0]
+    writes = {(g, r) for g, r, v, _ in agent if v in WRITE_VERBS and r != "events"}
+    assert ("", "pods") in writes and ("", "nodes/status") in writes
+    assert {w: fenced_to_own_node(docs, *w) for w in writes} == {w: True for w in writes}
     # the webhook has no binding at all and no token
     assert "sharegpu-webhook" not in perms
     sa = one(docs, "ServiceAccount", "webhook")
     assert sa["automountServiceAccountToken"] is False
+
+
+WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
+AGENT_USER = f"system:serviceaccount:{NS}:sharegpu-agent"
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+
+
+def fenced_to_own_node(docs, group, resource):
+    """Whether a ValidatingAdmissionPolicy (bound, Deny) that matches only the agent's
+    ServiceAccount covers writes of ``resource`` and checks the token's node name."""
+    bound = {d["spec"]["policyName"] for d in docs
+             if d["kind"] == "ValidatingAdmissionPolicyBinding"
+             and d["spec"]["validationActions"] == ["Deny"]}
+    for d in docs:
+        if d["kind"] != "ValidatingAdmissionPolicy" or d["metadata"]["name"] not in bound:
+            continue
+        conds = [c["expression"] for c in d["spec"].get("matchConditions", [])]
+        if conds != [f"request.userInfo.username == '{AGENT_USER}'"]:
+            continue
+        base = resource.split("/")[0]
+        for rule in d["spec"]["matchConstraints"]["resourceRules"]:
+            if group in rule["apiGroups"] and {"UPDATE", "CREATE", "DELETE"} <= set(
+                    rule["operations"]) and (resource in rule["resources"]
+                                             or f"{base}/*" in rule["resources"]):
+                node = [v for v in d["spec"]["variables"] if v["name"] == "node"]
+                return d["spec"]["failurePolicy"] == "Fail" and len(node) == 1 and \
+                    NODE_NAME_EXTRA in node[0]["expression"]
+    return False
+
+
+def test_the_own_node_fence_check_sees_a_missing_policy():
+    docs = [d for d in render(None) if d["metadata"]["name"] != "sharegpu-agent-pods"]
+    assert not fenced_to_own_node(docs, "", "pods")
+    assert fenced_to_own_node(docs, "", "nodes/status")
 
 
 def test_the_rbac_check_catches_extra_rights():
@@ -541,12 +583,12 @@ def test_dra_claims_webhook_sees_only_the_deviceclass_and_fails_closed():
     # the DeviceClass follows agent.dra.driver; failurePolicy follows webhook.failurePolicy
     custom = one(render(None, "1.37.0", *DRA, "agent.dra.driver=gpu.example.com",
                         "webhook.failurePolicy=Ignore"), "ValidatingWebhookConfiguration")
-    for w in custom["webhooks"][2:]:
+    for w in custom["webhooks"][3:]:
         assert "'gpu.example.com'" in w["matchConditions"][0]["expression"]
         assert "gpu.sharegpu.io" not in w["matchConditions"][0]["expression"]
         assert w["failurePolicy"] == "Ignore"
     cm = one(render("cert-manager.yaml", "1.37.0", *DRA), "ValidatingWebhookConfiguration")
-    assert [w["name"] for w in cm["webhooks"]][2:] == CLAIM_HOOKS
+    assert [w["name"] for w in cm["webhooks"]][3:] == CLAIM_HOOKS
     assert all("caBundle" not in w["clientConfig"] for w in cm["webhooks"])
 
 
@@ -877,7 +919,7 @@ def test_webhook_sees_only_gpu_pods():
     assert not sent(pod([{"name": "c", "resources": {"limits": {"cpu": "1"}}}],
                         labels={"app": "x"}))
     # before Kubernetes 1.28 there are no matchConditions: every pod is sent
-    old = pods_hook(one(render(None, "1.27.0"), "ValidatingWebhookConfiguration"))
+    old = pods_hook(one(render(None, "1.27.0", UNGUARDED), "ValidatingWebhookConfiguration"))
     assert "matchConditions" not in old
 
 
@@ -1057,7 +1099,7 @@ def test_dockerfile_builds_one_image_for_every_component():
 
 @pytest.mark.parametrize("kube", ["1.25.0", "1.28.0", "1.33.0"])
 def test_default_render_is_valid_across_supported_kubernetes_versions(kube):
-    docs = render(None, kube)
+    docs = render(None, kube, *([] if kube == "1.33.0" else [UNGUARDED]))
     for d in docs:
         kubernetes_validate.validate(d, kube, strict=True)
     image = container(one(docs, "Deployment", "scheduler"))["image"]

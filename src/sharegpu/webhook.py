@@ -1,11 +1,13 @@
 """The admission webhook. Validating: GPU requests that break a SPEC §2 rule are refused at
 submission, with the message of :func:`sharegpu.core.request.parse_pod` (one set of rules for the
-webhook, the extender and the simulator); ResourcePolicies (created or updated) that break a rule
-of :func:`sharegpu.core.resourcepolicy.parse_policy` are refused with its message. In DRA mode,
-``resource.k8s.io/v1`` ResourceClaims and ResourceClaimTemplates (created) that ask sharegpu's
-DeviceClass for what its GPUs cannot give (a size off the step, an unknown capacity...) are
-refused with the message of :func:`sharegpu.dra.claimrules.check`, and its warnings are answered as
-AdmissionReview ``warnings``.
+webhook, the extender and the simulator); so are shared-GPU containers that could set their own
+isolation limits (:mod:`sharegpu.core.ownlimits`), in pods (created) and in the pod templates of
+workloads (created, or updated with a changed template); ResourcePolicies (created or updated)
+that break a rule of :func:`sharegpu.core.resourcepolicy.parse_policy` are refused with its
+message. In DRA mode, ``resource.k8s.io/v1`` ResourceClaims and ResourceClaimTemplates (created)
+that ask sharegpu's DeviceClass for what its GPUs cannot give (a size off the step, an unknown
+capacity...) are refused with the message of :func:`sharegpu.dra.claimrules.check`, and its
+warnings are answered as AdmissionReview ``warnings``.
 
 POST ``/validate`` takes an ``admission.k8s.io/v1`` AdmissionReview and answers one. It fails
 closed: the sample configuration uses ``failurePolicy: Fail``, and a review this service cannot
@@ -30,7 +32,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from .core import names
+from .core import names, ownlimits
 from .core.errors import ValidationError
 from .core.request import Kind, parse_pod
 from .core.resourcepolicy import KIND as POLICY_KIND
@@ -109,7 +111,46 @@ def _check_pod(pod: Mapping[str, Any], schedulers: frozenset[str] | None,
     except ValidationError as e:
         return False, str(e)
     problem = scheduler_problem(pod, request.kind, schedulers)
+    if problem is None:
+        problem = _own_limits(pod.get("spec"), "spec")
     return (True, "") if problem is None else (False, problem)
+
+
+def _own_limits(spec: Any, base: str) -> str | None:
+    """The refusal of a pod spec whose shared-GPU containers could set their own limits
+    (:mod:`sharegpu.core.ownlimits`), or ``None``."""
+    found = ownlimits.problems(spec, base) if isinstance(spec, Mapping) else []
+    if not found:
+        return None
+    more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+    return found[0] + more
+
+
+# workloads whose pod template controllers copy into pods: (group, kind) -> the template's path
+TEMPLATE_PATHS: dict[tuple[str, str], tuple[str, ...]] = {
+    **{("apps", k): ("spec", "template")
+       for k in ("Deployment", "ReplicaSet", "StatefulSet", "DaemonSet")},
+    ("batch", "Job"): ("spec", "template"),
+    ("batch", "CronJob"): ("spec", "jobTemplate", "spec", "template"),
+    ("", "ReplicationController"): ("spec", "template"),
+    ("", "PodTemplate"): ("template",),
+}
+
+
+def _template_spec(obj: Any, path: tuple[str, ...]) -> Any:
+    for part in (*path, "spec"):
+        obj = obj.get(part) if isinstance(obj, Mapping) else None
+    return obj
+
+
+def _check_template(req: Mapping[str, Any], kind: str, path: tuple[str, ...]) -> str | None:
+    """A workload whose pod template (created, or changed by an update) has shared-GPU
+    containers that could set their own limits: refused here, naming the template's field,
+    rather than each pod its controller creates."""
+    spec = _template_spec(_reviewed_object(req, kind), path)
+    if req.get("operation") == "UPDATE" and spec == _template_spec(req.get("oldObject"), path):
+        return None  # an unchanged template (a controller's update of an older object)
+    return _own_limits(spec, ".".join((*path, "spec")))
 
 
 def review(body: Any, schedulers: frozenset[str] | None = None,
@@ -132,6 +173,10 @@ def review(body: Any, schedulers: frozenset[str] | None = None,
     warnings: tuple[str, ...] = ()
     if kind == "Pod" and operation == "CREATE":
         allowed, message = _check_pod(_reviewed_object(req, "Pod"), schedulers, pool)
+    elif (str(gvk.get("group") or ""), kind) in TEMPLATE_PATHS and \
+            operation in ("CREATE", "UPDATE"):
+        problem = _check_template(req, kind, TEMPLATE_PATHS[(str(gvk.get("group") or ""), kind)])
+        allowed, message = problem is None, problem or ""
     elif kind == POLICY_KIND and operation in ("CREATE", "UPDATE"):
         obj = _reviewed_object(req, POLICY_KIND)  # malformed review: a 400, not a refusal
         try:

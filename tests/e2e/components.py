@@ -6,6 +6,8 @@
 - :func:`helm` / :func:`install_chart` drive the real ``helm`` (``.tools/bin/helm``) against the
   real API server with the admin kubeconfig; :func:`chart_docs` renders the chart as
   ``helm template`` does.
+- :func:`agent_kubeconfig`: the agent's credentials as its pod has them (a token bound to a
+  pod on its node).
 - :func:`scheduler_config` is the KubeSchedulerConfiguration the chart renders for its
   ``ack-co-scheduler`` profile, with only the extender's ``urlPrefix`` pointed at a local
   extender (nothing else changed).
@@ -200,6 +202,29 @@ def create_node_object(client: Any, obj: Mapping[str, Any]) -> str:
     return name
 
 
+def agent_kubeconfig(cp: ControlPlane, namespace: str, service_account: str, node: str) -> Path:
+    """A kubeconfig for the agent of ``node`` as its DaemonSet pod has it: a token of
+    ``service_account`` bound to a pod of that ServiceAccount on ``node`` (created here, a
+    placeholder no kubelet runs), so it carries the node name the chart's tenant guard reads
+    (docs/security.md)."""
+    import json
+
+    name = f"{service_account}-{node}"[:63].rstrip("-")
+    path = f"/api/v1/namespaces/{namespace}/pods"
+    status, body = cp.request("GET", f"{path}/{name}")
+    if status == 404:
+        status, body = cp.request("POST", path, {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"nodeName": node, "serviceAccountName": service_account,
+                     "automountServiceAccountToken": False,
+                     "tolerations": [{"operator": "Exists"}],
+                     "containers": [{"name": "agent",
+                                     "image": "registry.invalid/sharegpu/pause:never-pulled"}]}})
+    assert status in (200, 201), f"the agent's pod {namespace}/{name}: HTTP {status}: {body}"
+    return cp.service_account_kubeconfig(namespace, service_account, create=False,
+                                         bound_pod=json.loads(body))
+
+
 T = TypeVar("T")
 
 
@@ -224,5 +249,5 @@ def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 60.0,
         time.sleep(every)
 
 
-__all__ = ["CHART", "ROOT", "SharegpuProcess", "chart_docs", "create_node", "create_node_object",
+__all__ = ["CHART", "ROOT", "SharegpuProcess", "agent_kubeconfig", "chart_docs", "create_node", "create_node_object",
            "free_port", "helm", "install_chart", "node_object", "scheduler_config", "wait_for"]

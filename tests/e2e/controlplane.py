@@ -413,10 +413,13 @@ class ControlPlane:
         *,
         expiration_seconds: int = 3600,
         create: bool = True,
+        bound_pod: Mapping[str, Any] | None = None,
     ) -> Path:
         """Mint a token for ServiceAccount ``namespace/name`` through the TokenRequest API (with
         the admin credentials; the ServiceAccount is created first if missing and ``create``) and
-        write a bearer-token kubeconfig for it."""
+        write a bearer-token kubeconfig for it. ``bound_pod`` (a Pod of that ServiceAccount, as
+        the API server returned it) binds the token to the pod, as a pod's projected token is:
+        bound to a pod on a node, it carries ``authentication.kubernetes.io/node-name``."""
         base = f"/api/v1/namespaces/{namespace}/serviceaccounts"
         if create:
             status, body = self.request("GET", f"{base}/{name}")
@@ -434,14 +437,17 @@ class ControlPlane:
             {
                 "apiVersion": "authentication.k8s.io/v1",
                 "kind": "TokenRequest",
-                "spec": {"expirationSeconds": expiration_seconds},
+                "spec": {"expirationSeconds": expiration_seconds, **({"boundObjectRef": {
+                    "apiVersion": "v1", "kind": "Pod", "name": bound_pod["metadata"]["name"],
+                    "uid": bound_pod["metadata"]["uid"]}} if bound_pod else {})},
             },
         )
         if status != 201:
             raise ControlPlaneError(f"TokenRequest for {namespace}/{name}: HTTP {status}: {body}")
         token = json.loads(body)["status"]["token"]
         return _write_yaml(
-            self.workdir / "kubeconfigs" / f"sa-{namespace}-{name}.kubeconfig",
+            self.workdir / "kubeconfigs" / (f"sa-{namespace}-{name}" + (
+                f"-{bound_pod['metadata']['name']}" if bound_pod else "") + ".kubeconfig"),
             _kubeconfig(
                 self.server, self._ca.cert_pem, f"system:serviceaccount:{namespace}:{name}",
                 token=token,

@@ -53,6 +53,7 @@ from lightkube.types import PatchType
 from .components import (
     CHART,
     SharegpuProcess,
+    agent_kubeconfig,
     chart_docs,
     create_node,
     free_port,
@@ -69,7 +70,8 @@ RELEASE = "sharegpu-chart"  # contains the chart's name: the objects are "shareg
 COMPONENTS = ("extender", "agent", "webhook", "scheduler")
 EXTENDER_LEASE = "sharegpu-extender"  # values.yaml extender.leaderElection.leaseName
 CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "ValidatingWebhookConfiguration",
-                  "CustomResourceDefinition"}
+                  "CustomResourceDefinition", "ValidatingAdmissionPolicy",
+                  "ValidatingAdmissionPolicyBinding"}
 # what every authenticated user may do (system:basic-user, reading ClusterTrustBundles): not
 # the chart's doing
 BASELINE_RESOURCES = {("authorization.k8s.io", "selfsubjectaccessreviews"),
@@ -168,11 +170,17 @@ class Release:
 
 
 def _gpu_pod_admitted(cp: ControlPlane) -> bool:
-    """Whether a GPU pod in namespace default passes admission now (dry run)."""
+    """Whether a GPU pod in namespace default passes admission now (dry run), with a decision
+    written by the admin too."""
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "probe-"},
            "spec": {"schedulerName": "ack-co-scheduler",
                     "containers": [{"name": "c", "image": "registry.invalid/x",
                                     "resources": {"limits": {"aliyun.com/gpu-mem": "1"}}}]}}
+    status, _ = cp.request("POST", "/api/v1/namespaces/default/pods?dryRun=All", pod)
+    if status != 201:
+        return False
+    # and the chart's tenant guard is gone: the admin may write a decision again
+    pod["metadata"]["annotations"] = {"scheduler.framework.gpushare.allocation": "{}"}
     status, _ = cp.request("POST", "/api/v1/namespaces/default/pods?dryRun=All", pod)
     return status == 201
 
@@ -195,8 +203,9 @@ def release(controlplane: ControlPlane) -> Iterator[Release]:
             for p in admin.list(Pod, namespace=namespace):
                 admin.delete(Pod, p.metadata.name, namespace=namespace, grace_period=0)
             admin.delete(Namespace, namespace)
-        # The chart's webhook (failurePolicy Fail, nothing behind its Service) must not outlive
-        # the release in the API server's webhook cache: later tests create GPU pods.
+        # The chart's webhook (failurePolicy Fail, nothing behind its Service) and its tenant
+        # guard must not outlive the release in the API server's caches: later tests create
+        # GPU pods and write decisions as the admin.
         wait_for("the API server to drop the chart's webhook", lambda: _gpu_pod_admitted(
             controlplane), timeout=30)
 
@@ -662,7 +671,7 @@ def test_agent_runs_as_its_service_account(release: Release, gpu_node: str,
                                            tmp_path: Path) -> None:
     cp, ns, admin = release.cp, release.namespace, release.admin
     name = release.name("agent")
-    kubeconfig = cp.service_account_kubeconfig(ns, name, create=False)
+    kubeconfig = agent_kubeconfig(cp, ns, name, gpu_node)  # as its pod's: names the node
     chart_args = container_args(cp, ns, "DaemonSet", name)
     assert chart_args[0] == "agent" and "--node-name=$(NODE_NAME)" in chart_args
     metrics = free_port()

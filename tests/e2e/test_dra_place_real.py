@@ -23,7 +23,7 @@ from sharegpu.core.request import ContainerRequest, Kind, PodRequest
 from sharegpu.core.state import ClusterState, NodeSpec
 from sharegpu.inspect_cgpu.cli import main as inspect_main
 
-from .components import SharegpuProcess, free_port, wait_for
+from .components import SharegpuProcess, agent_kubeconfig, free_port, wait_for
 from .test_chart_real import container_args, with_flags
 from .test_dra_slices_real import DRIVER, RELEASE, RS, Dra, dra, dra_node, get  # noqa: F401
 
@@ -32,7 +32,7 @@ CLAIMS = [("a", "4Gi", "20"), ("b", "20Gi", "30"), ("c", "12Gi", "50")]
 
 def start_agent(d: Dra, node: str, tmp: Path) -> SharegpuProcess:
     agent = f"{RELEASE}-agent"
-    kubeconfig = d.cp.service_account_kubeconfig(d.ns, agent, create=False)
+    kubeconfig = agent_kubeconfig(d.cp, d.ns, agent, node)  # as its pod's: names the node
     args = with_flags(
         container_args(d.cp, d.ns, "DaemonSet", agent), node_name=node,
         kubeconfig=str(kubeconfig), nvml="fake",

@@ -40,7 +40,15 @@ from sharegpu.core.errors import ValidationError
 from sharegpu.core.modes import Mode
 from sharegpu.dra.resourceslices import SliceGpu, build_slice, validate_slice
 
-from .components import SharegpuProcess, create_node, free_port, helm, install_chart, wait_for
+from .components import (
+    SharegpuProcess,
+    agent_kubeconfig,
+    create_node,
+    free_port,
+    helm,
+    install_chart,
+    wait_for,
+)
 from .controlplane import ControlPlane
 from .test_chart_real import ALLOWED, BASELINE_RESOURCES, container_args, log_problems, with_flags
 
@@ -123,7 +131,7 @@ def kubelet_plugin_dirs(tmp: Path) -> dict[str, str]:
 
 def start_agent(d: Dra, node: str, tmp: Path, name: str) -> SharegpuProcess:
     agent = f"{RELEASE}-agent"
-    kubeconfig = d.cp.service_account_kubeconfig(d.ns, agent, create=False)
+    kubeconfig = agent_kubeconfig(d.cp, d.ns, agent, node)  # as its pod's: names the node
     args = with_flags(
         container_args(d.cp, d.ns, "DaemonSet", agent), node_name=node,
         kubeconfig=str(kubeconfig), nvml="fake",
