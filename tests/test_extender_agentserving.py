@@ -101,3 +101,19 @@ def test_an_unreadable_heartbeat_is_not_fresh() -> None:
     view.upsert_node(node)
     _, _, unres = view.filter(parse_pod(kobjects.pod("p", mem=4)), ["odd"])
     assert "has not renewed" in unres["odd"]
+
+
+def test_a_relist_keeps_when_the_heartbeat_was_last_seen() -> None:
+    """A relist (410 Gone, a repair) does not make a silent agent fresh again, even where the
+    node's clock is behind or ahead of the extender's."""
+    view, clock = make_view()
+    req = parse_pod(kobjects.pod("p", mem=4))
+    node = with_condition(kobjects.node("quiet", [16]), True, time.time() + 3600)
+    view.upsert_node(node)
+    clock.t += agentserving.STALE_AFTER_S - 10
+    view.reset([node], [])
+    assert view.filter(req, ["quiet"])[0] == ["quiet"]
+    clock.t += 11 + view.agents.rescan_s
+    assert view.filter(req, ["quiet"])[0] == []
+    view.reset([kobjects.node("up", [16])], [])
+    assert view.agents.nodes() == set()

@@ -113,6 +113,10 @@ class AgentLiveness:
         self._nodes.clear()
         self._down = None
 
+    def nodes(self) -> set[str]:
+        """The nodes that have the condition."""
+        return set(self._nodes)
+
     def published(self, name: str) -> bool:
         return name in self._nodes
 

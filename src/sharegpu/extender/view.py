@@ -164,9 +164,11 @@ class ClusterView:
         not be applied."""
         pods = pods if isinstance(pods, list) else list(pods)
         nodes = nodes if isinstance(nodes, list) else list(nodes)
-        self.agents.clear()
         mono, wall = self.clock(), self.wall()
-        for obj in nodes:
+        listed = {_node_name(obj) for obj in nodes}
+        for name in self.agents.nodes() - listed:
+            self.agents.forget(name)
+        for obj in nodes:  # a node seen before keeps when its heartbeat was last seen to change
             self.agents.observe(_node_name(obj), obj, mono=mono, wall=wall)
         with gc_paused():
             if dra is not None:
