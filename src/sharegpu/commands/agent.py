@@ -48,6 +48,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config, else "
                    "in-cluster)")
     p.add_argument("--metrics-listen", default="0.0.0.0:9400", help="HOST:PORT, or '' for none")
+    p.add_argument("--metrics-pod-names", action="store_true",
+                   help="label each container's figures on /metrics with its pod's namespace "
+                        "and name (default: the pod's UID only; /metrics is reachable from the "
+                        "pod network, and names would tell every tenant which pods run here)")
     p.add_argument("--host-proc", default="/proc",
                    help="/proc of the host's PID namespace (NVML reports only the GPU processes "
                         "of the agent's PID namespace: run it in the host's, as the chart does "
@@ -209,6 +213,7 @@ def run(args: argparse.Namespace) -> int:
         isolation_check_s=args.isolation_check_every,
         heartbeat_s=args.heartbeat_every,
         stop_drain_s=args.stop_drain,
+        metrics_pod_names=args.metrics_pod_names,
         mps_control=mps_control,
         reserve_mib=reserve,
         dra=args.dra,
