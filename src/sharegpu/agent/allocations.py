@@ -22,6 +22,7 @@ from .allocate import (
 )
 from .freshpods import FreshPods
 from .hostdirs import open_dirs
+from .isolation import is_lock_dir
 from .isolationwatch import IsolationWatch
 from .kube import KubeApi
 from .marks import Marks
@@ -137,7 +138,7 @@ class Allocations:
         writable = {m.host_path for m in grant.env.mounts if not m.read_only}
         own = [d for d in writable if os.path.dirname(d) == iso.hami_cache_dir.rstrip("/")]
         try:
-            open_dirs(own, writable & {iso.hami_lock_dir})
+            open_dirs(own, {d for d in writable if is_lock_dir(d, iso.hami_lock_dir)})
         except OSError as e:
             self.failures += 1
             raise AllocationError(
