@@ -31,12 +31,12 @@ def admitted(pod: dict) -> dict:
     return pod
 
 
-async def start(short_dir: str) -> tuple[Harness, TestPodResources]:
+async def start(short_dir: str, **cfg) -> tuple[Harness, TestPodResources]:  # type: ignore[no-untyped-def]
     sock = os.path.join(short_dir, "pr.sock")
     pr = TestPodResources(sock)
     await pr.start()
     h = Harness(short_dir, [("Tesla-T4", 15), ("Tesla-T4", 15)], "cgpu",
-                pod_resources_socket=sock)
+                pod_resources_socket=sock, **cfg)
     h.kube.nodes[NODE]["status"] = {"nodeInfo": {"kubeletVersion": "v1.37.2"}}
     await h.start()
     return h, pr
@@ -148,7 +148,7 @@ async def test_the_serving_condition_follows_the_agent_and_goes_first_on_stop(sh
 async def test_a_graceful_stop_lets_bound_pods_be_admitted_first(short_dir):
     """Pods bound here before the stop was published get their devices: the device plugins
     stay until they are marked (or the drain's bound passes)."""
-    h, pr = await start(short_dir)
+    h, pr = await start(short_dir, stop_drain_s=5.0)
     try:
         pod = make_pod("late", [{"mem": 2}], alloc={0: {1: 2}})
         h.kube.add_pod(pod)
