@@ -117,3 +117,16 @@ def test_a_relist_keeps_when_the_heartbeat_was_last_seen() -> None:
     assert view.filter(req, ["quiet"])[0] == []
     view.reset([kobjects.node("up", [16])], [])
     assert view.agents.nodes() == set()
+
+
+def test_a_pick_held_before_the_agent_stopped_is_not_bound() -> None:
+    """kube-scheduler's filter held a pick on the node; its agent stops before the bind: the
+    bind's reservation is refused and the held GPUs are given back."""
+    view, _ = make_view()
+    req = parse_pod(kobjects.pod("p", mem=4))
+    assert view.pick(req, ["up"], hold=True) == "up"
+    assert "default/p" in view.inflight
+    view.upsert_node(with_condition(kobjects.node("up", [16]), False, time.time()))
+    with pytest.raises(PlacementError, match="does not serve"):
+        view.reserve(req, "up")
+    assert "default/p" not in view.inflight and "default/p" not in view.state.pods

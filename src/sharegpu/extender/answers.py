@@ -361,11 +361,12 @@ class SchedulingAnswers:
         ledger, holds = self.ledger, self.holds
         holds.expire()
         held = holds.take(key)
+        down = self.agents_down().get(node)
         if held is not None:
             r = ledger.inflight.get(key)
-            if held == node and r is not None and r.request.uid == req.uid:
+            if held == node and r is not None and r.request.uid == req.uid and down is None:
                 return r  # the bind confirms what its filter held
-            ledger.give_back(key)  # chosen elsewhere: reserved afresh below
+            ledger.give_back(key)  # chosen elsewhere (or its agent stopped since): afresh
         st = ledger.state
         i = st.index.get(node)
         if i is None:
@@ -374,7 +375,7 @@ class SchedulingAnswers:
         holding = st.pods.get(key)
         if holding is not None:
             raise PlacementError(f"{key}: already holds GPUs on {holding.node}")
-        reason = self.agents_down().get(node) or st.explain(req, i)
+        reason = down or st.explain(req, i)
         if reason is not None:
             raise PlacementError(f"{key} on {node}: {reason}")
         alloc = ledger.policy.select(st, req, i)
