@@ -79,6 +79,9 @@ async def test_a_mark_lost_with_the_agent_is_set_by_reconciliation(short_dir):
         assert not is_assigned(ann[("default", "waiting")])
         assert not is_assigned(ann[("default", "listed")])
         assert marks.reconciled == 1
+        from sharegpu.agent.metrics import render
+
+        assert "sharegpu_agent_marks_reconciled_total 1" in render(h.agent)
         assert await marks.reconcile() == 0  # nothing left to mark
     finally:
         await h.close()
@@ -121,6 +124,9 @@ async def test_the_serving_condition_follows_the_agent_and_goes_first_on_stop(sh
         await wait_until(lambda: (condition(h.kube) or {}).get("status") == "True")
         c = condition(h.kube)
         assert c["reason"] == agentserving.REASON_SERVING
+        from sharegpu.agent.metrics import render
+
+        assert "sharegpu_agent_serving 1" in render(h.agent)
         assert agentserving.published(h.kube.nodes[NODE]).heartbeat_at is not None
         order: list[str] = []
         real_patch, real_stop = h.kube.patch_node_condition, h.agent.plugin_set.stop

@@ -100,6 +100,14 @@ def render(agent: Agent, usage: Usage | None = None) -> str:
         f'sharegpu_agent_isolation_ready{{backend="{r.backend.value}"}} {int(r.ready)}',
         "# TYPE sharegpu_agent_isolation_refusals_total counter",
         f"sharegpu_agent_isolation_refusals_total {agent.isolation_refusals}",
+        "# HELP sharegpu_agent_serving 1 while the node condition GPUAgentServing is True as "
+        "last written",
+        "# TYPE sharegpu_agent_serving gauge",
+        f"sharegpu_agent_serving {int(bool(agent.serving and agent.serving.serving))}",
+        "# HELP sharegpu_agent_marks_reconciled_total pods marked assigned by reconciliation "
+        "(their mark after Allocate was lost)",
+        "# TYPE sharegpu_agent_marks_reconciled_total counter",
+        f"sharegpu_agent_marks_reconciled_total {agent.allocating.marks.reconciled}",
     ]
     lines.append("# TYPE sharegpu_agent_resource_conflict gauge")
     for resource, sockets in sorted(agent.conflicts.items()):
