@@ -1348,6 +1348,14 @@ def test_the_extender_watches_dra_objects_only_in_dra_mode():
     assert "--dra" in dra
 
 
+def test_agent_metrics_name_pods_only_when_asked():
+    """/metrics is reachable from the pod network: by default a container is named by its pod's
+    UID only; agent.metricsPodNames adds the namespace and name."""
+    assert "--metrics-pod-names" not in args_of(one(render(None), "DaemonSet", "agent"))
+    named = one(render(None, KUBE, "agent.metricsPodNames=true"), "DaemonSet", "agent")
+    assert "--metrics-pod-names" in args_of(named)
+
+
 def test_agent_usage_metrics_share_the_hosts_pid_namespace():
     """NVML reports only the GPU processes of the caller's PID namespace: with usage metrics
     (the default) the agent pod runs with hostPID and reads /proc; off, neither."""

@@ -138,3 +138,15 @@ def test_policies_says_what_each_does():
     assert lines["strand"].startswith("Strand: FGD's fragmentation gradient")
     assert lines["default"] == "the default: strandfill"
     assert all(len(v) > 20 for k, v in lines.items() if k != "default")
+
+
+@pytest.mark.parametrize("flag,value,rule", [
+    ("--heartbeat-every", "0", "must be more than 0 and at most 30 seconds"),
+    ("--heartbeat-every", "45", "must be more than 0 and at most 30 seconds"),
+    ("--stop-drain", "-1", "must be 0 to 20 seconds"),
+])
+def test_agent_liveness_flags_are_checked(flag, value, rule):
+    r = run("agent", "--node-name", "n1", "--standalone", "--nvml", "fake", flag, value)
+    assert r.returncode != 0
+    line = one_line(r)
+    assert flag in line and rule in line, line

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from sharegpu.core import names
+from sharegpu.core import agentserving, names
 from sharegpu.core.annotations import assigned_patch, decode
 from sharegpu.extender.bind import Binder, BindError
 from sharegpu.extender.view import ClusterView
@@ -22,6 +22,15 @@ from sharegpu_testing.memapi import MemoryApi
 # one spread node (identical pods go to different GPUs), one binpack node (they share a GPU)
 NODES = [kobjects.node("spread", [16, 16], "cgpu", placement="spread"),
          kobjects.node("pack", [16, 16], "cgpu")]
+
+
+def _serving(node: dict[str, Any], ok: bool = True, at: float | None = None) -> dict[str, Any]:
+    """``node`` with its agent's GPUAgentServing condition, renewed at ``at`` (now)."""
+    now = time.time() if at is None else at
+    node.setdefault("status", {}).setdefault("conditions", []).append(
+        agentserving.condition(ok, "DevicePluginsServing" if ok else "AgentStopping", "",
+                               now=now, since=now))
+    return node
 
 
 def _env(pods: list[dict[str, Any]], start_wait: float) -> tuple[ClusterView, MemoryApi, Binder]:
@@ -123,7 +132,7 @@ def test_a_node_whose_agent_names_pods_lets_look_alikes_bind_at_once() -> None:
     brings the rule back."""
     p1, p2, p3 = (kobjects.pod(n, mem=4) for n in ("p1", "p2", "p3"))
     view, api, binder = _env([p1, p2, p3], start_wait=0.3)
-    naming = kobjects.node("spread", [16, 16, 16], "cgpu", placement="spread")
+    naming = _serving(kobjects.node("spread", [16, 16, 16], "cgpu", placement="spread"))
     naming["metadata"].setdefault("annotations", {})[names.ANN_NODE_POD_RESOURCES] = "v1"
     view.upsert_node(naming)
 
@@ -150,7 +159,7 @@ def test_a_node_whose_agent_names_pods_lets_look_alikes_bind_at_once() -> None:
 def test_the_promise_is_read_at_start_and_relist_too() -> None:
     """A listed node (the extender's start, a relist) carries its promise as a watched one."""
     p1, p2 = kobjects.pod("p1", mem=4), kobjects.pod("p2", mem=4)
-    naming = kobjects.node("spread", [16, 16], "cgpu", placement="spread")
+    naming = _serving(kobjects.node("spread", [16, 16], "cgpu", placement="spread"))
     naming["metadata"].setdefault("annotations", {})[names.ANN_NODE_POD_RESOURCES] = "v1"
     view = ClusterView()
     view.reset([naming], [])
@@ -166,3 +175,66 @@ def test_the_promise_is_read_at_start_and_relist_too() -> None:
     assert view.starting.on("spread") == {"default/p1", "default/p2"}
     view.reset([kobjects.node("spread", [16, 16], "cgpu", placement="spread")], [])
     assert not view.starting.naming
+
+
+@pytest.mark.parametrize("agent", ["absent", "stopped", "stale"])
+def test_the_promise_holds_only_while_the_agent_serves(agent: str) -> None:
+    """The promise outlives an agent that was rolled back or removed (the annotation stays on
+    the Node): it is trusted only while the node's GPUAgentServing condition is True and fresh.
+    Without the condition the look-alike waits for the starting pod as on a node without the
+    promise; with a stopped or stale agent no GPU pod is bound there at all."""
+    p1, p2 = kobjects.pod("p1", mem=4), kobjects.pod("p2", mem=4)
+    node = kobjects.node("spread", [16, 16], "cgpu", placement="spread")
+    if agent == "stopped":
+        _serving(node, ok=False)
+    elif agent == "stale":
+        _serving(node, at=time.time() - agentserving.STALE_AFTER_S - 30)
+    node["metadata"].setdefault("annotations", {})[names.ANN_NODE_POD_RESOURCES] = "v1"
+    view = ClusterView()
+    view.reset([node], [])
+    api = MemoryApi([p1, p2])
+    binder = Binder(api, lambda: view, start_wait=0.3)
+    assert view.starting.naming == {"spread"}  # the promise is read ...
+    assert not view.ledger.naming_trusted("spread")  # ... and not trusted
+
+    async def go() -> None:
+        if agent == "absent":
+            await binder.bind(_args(p1, "spread"))
+            _seen(view, api, "p1")
+        with pytest.raises(BindError) as e:
+            await binder.bind(_args(p2, "spread"))
+        if agent == "absent":
+            assert e.value.reason == "starting"
+        else:
+            assert "the sharegpu agent" in str(e.value)
+
+    asyncio.run(go())
+    node["status"]["conditions"] = []
+    _serving(node)
+    view.reset([node], [])
+    assert view.ledger.naming_trusted("spread")
+
+
+def test_a_running_pod_is_started_whatever_its_mark_says() -> None:
+    """A bound pod the kubelet runs is not starting, though its mark was lost (the agent
+    stopped between Allocate and the mark) or removed: it no longer holds look-alikes back."""
+    p1 = kobjects.pod("p1", mem=4)
+    view, api, binder = _env([p1], start_wait=0.3)
+
+    async def go() -> None:
+        await binder.bind(_args(p1, "spread"))
+
+    asyncio.run(go())
+    stored = api.pods["default/p1"]
+    view.upsert_pod(stored)
+    assert view.starting.on("spread") == {"default/p1"}
+    stored["status"] = {"phase": "Pending", "containerStatuses": [
+        {"name": "main", "state": {"waiting": {"reason": "ContainerCreating"}}}]}
+    view.upsert_pod(stored)
+    assert view.starting.on("spread") == {"default/p1"}  # admitted, not running yet
+    stored["status"] = {"phase": "Running", "containerStatuses": [
+        {"name": "main", "state": {"running": {}}}]}
+    view.upsert_pod(stored)
+    assert view.starting.on("spread") == set()
+    view.reset(NODES, [stored])  # a rebuild reads it the same way
+    assert view.starting.on("spread") == set()

@@ -102,6 +102,8 @@ class Harness:
 
     def config(self) -> AgentConfig:
         cfg = dict(self.cfg)
+        # a stop waits for bound pods to be admitted: tests that leave pods pending do not
+        cfg.setdefault("stop_drain_s", 0.2)
         cfg.setdefault("isolation_paths", IsolationConfig(
             hami_library=standin_library(), hami_cache_dir=f"{self.dir}/vgpu-cache",
             hami_lock_dir=f"{self.dir}/vgpulock", mps_pipe_dir=f"{self.dir}/mps",

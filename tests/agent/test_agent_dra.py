@@ -284,11 +284,12 @@ async def test_a_claims_writable_directories_are_open_to_any_container_user(make
     assert not answers[uid].error
     _, mounts = x.view([f"sharegpu.io/gpu={uid}-gpu-0"])
     own = f"{x.h.dir}/vgpu-cache/{uid}"
-    assert mounts["/tmp/sharegpu-vgpu"][0] == own and mounts["/tmp/vgpulock"][0] == lock
+    gpu_lock = f"{lock}/gpu-0"  # shared only by the containers on GPU 0
+    assert mounts["/tmp/sharegpu-vgpu"][0] == own and mounts["/tmp/vgpulock"][0] == gpu_lock
     assert stat.S_IMODE(os.stat(own).st_mode) == 0o777
-    assert stat.S_IMODE(os.stat(lock).st_mode) == 0o1777
+    assert stat.S_IMODE(os.stat(gpu_lock).st_mode) == 0o1777
     await x.unprepare(c)
-    assert not os.path.exists(own) and stat.S_IMODE(os.stat(lock).st_mode) == 0o1777
+    assert not os.path.exists(own) and stat.S_IMODE(os.stat(gpu_lock).st_mode) == 0o1777
 
 
 async def test_agent_restart_in_the_middle_loses_nothing(make_dra):

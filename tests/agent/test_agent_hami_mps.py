@@ -89,7 +89,7 @@ def test_env_holds_memory_per_container_and_compute_through_mps():
         HAMI_CONTAINER_LIBRARY: ("/h/libvgpu.so", True),
         PRELOAD_LIST: ("/var/lib/sharegpu/ld.so.preload", True),
         "/tmp/sharegpu-vgpu": ("/h/vgpu-cache/u", False),
-        "/tmp/vgpulock": ("/h/vgpulock", False),
+        "/tmp/vgpulock": ("/h/vgpulock/gpu-1-3", False),
         "/tmp/nvidia-mps": ("/h/mps", False),
         "/dev/shm": ("/h/mps-shm", False),
     }

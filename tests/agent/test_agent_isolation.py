@@ -199,6 +199,7 @@ async def test_no_library_refuses_with_the_reason_then_recovers(harness, short_d
     assert host["/tmp/sharegpu-vgpu"].startswith(f"{short_dir}/cache/")
     assert os.stat(host["/tmp/sharegpu-vgpu"]).st_mode & 0o7777 == 0o777
     assert os.stat(host["/tmp/vgpulock"]).st_mode & 0o7777 == 0o1777
+    assert os.path.basename(host["/tmp/vgpulock"]).startswith("gpu-")  # one per GPU set
     assert {m.container_path for m in resp.mounts} >= {HAMI_CONTAINER_LIBRARY, "/tmp/vgpulock"}
     # the host's library, where HAMi-core looks for its own hooks in the container
     assert [m.host_path for m in resp.mounts if m.container_path == HAMI_CONTAINER_LIBRARY] \
@@ -388,3 +389,21 @@ def test_agent_refuses_to_start_with_a_policy_no_backend_honours(tmp_path):
     )
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "--compute-policy='2': policy 2 (weighted preemptive) cannot be honoured" in r.stderr
+
+
+def test_hami_lock_directory_is_shared_only_on_the_same_gpus():
+    """HAMi-core takes a lock in /tmp/vgpulock while a starting process finds its host PID
+    (a diff of NVML's process list): containers on the same GPUs share it, so that diff stays
+    serialised where it matters, and a tenant holding it stalls no container on other GPUs."""
+    from sharegpu.agent.isolation import IsolationConfig, isolation_env
+
+    cfg = IsolationConfig(hami_library="/h/libvgpu.so", hami_lock_dir="/h/lock")
+
+    def lock(mem: dict[int, int], uid: str) -> str:
+        ce = isolation_env(Backend.HAMI, mem=mem, core={}, pod_uid=uid, config=cfg)
+        (path,) = [m.host_path for m in ce.mounts if m.container_path == "/tmp/vgpulock"]
+        return path
+
+    assert lock({0: 2}, "a") == lock({0: 4}, "b") == "/h/lock/gpu-0"
+    assert lock({1: 2}, "c") == "/h/lock/gpu-1"
+    assert lock({1: 2, 0: 2}, "d") == "/h/lock/gpu-0-1"

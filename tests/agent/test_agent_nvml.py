@@ -129,7 +129,8 @@ c = UsageCollector(n, [g.index for g in n.gpus()], list_pods, ProcCgroups(sys.ar
 usage = asyncio.run(c.collect())
 print(json.dumps({"procs": [[p.gpu, p.pid, p.used_bytes] for g in (0, 1)
                             for p in n.processes(g)],
-                  "lines": render_usage("n1", {g.index: g.uuid for g in n.gpus()}, usage)}))
+                  "lines": render_usage("n1", {g.index: g.uuid for g in n.gpus()}, usage,
+                                       pod_names=True)}))
 n.close()
 """
 
@@ -166,10 +167,12 @@ def test_usage_through_pynvml_on_the_fake_library(fake_libdir, tmp_path):
     assert out["procs"] == [[0, 503, 4096 * mib], [1, 501, 1000 * mib], [1, 502, 24 * mib],
                             [1, 504, 300 * mib]]
     uuid1 = "GPU-fa4e0001-fa4e-4000-8000-000000000001"
-    assert ('sharegpu_agent_container_gpu_memory_used_bytes{node="n1",namespace="ml",pod="a",'
+    assert (f'sharegpu_agent_container_gpu_memory_used_bytes{{node="n1",pod_uid="{uid_a}",'
+            'namespace="ml",pod="a",'
             f'container="main",gpu="1",uuid="{uuid1}"}} {1024 * mib}') in out["lines"]
     assert any(line.startswith('sharegpu_agent_container_gpu_memory_used_bytes{node="n1",'
-                               'namespace="ml",pod="b",container="main",gpu="0"')
+                               f'pod_uid="{uid_b}",namespace="ml",pod="b",container="main",'
+                               'gpu="0"')
                and line.endswith(f" {4096 * mib}") for line in out["lines"])
     assert f'sharegpu_agent_gpu_memory_used_bytes{{node="n1",gpu="1",uuid="{uuid1}"}} ' \
            f"{1324 * mib}" in out["lines"]

@@ -115,16 +115,24 @@ async def test_usage_metrics_follow_the_processes_and_the_pods(harness, tmp_path
     try:
         body = await scrape(port)
         assert (f'sharegpu_agent_container_gpu_memory_used_bytes{{node="{NODE}",'
-                f'namespace="default",pod="train",container="main",gpu="0",uuid="{uuid0}"}} '
+                f'pod_uid="{UID}",container="main",gpu="0",uuid="{uuid0}"}} '
                 f"{3000 << 20}") in body
         assert (f'sharegpu_agent_container_gpu_memory_used_bytes{{node="{NODE}",'
-                f'namespace="default",pod="train",container="side",gpu="1",uuid="{uuid1}"}} '
+                f'pod_uid="{UID}",container="side",gpu="1",uuid="{uuid1}"}} '
                 f"{1500 << 20}") in body
         assert (f'sharegpu_agent_gpu_memory_used_bytes{{node="{NODE}",gpu="1",uuid="{uuid1}"}} '
                 f"{1700 << 20}") in body
         assert (f'sharegpu_agent_container_gpu_memory_allocated_bytes{{node="{NODE}",'
-                f'namespace="default",pod="train",container="main"}} {4 << 30}') in body
+                f'pod_uid="{UID}",container="main"}} {4 << 30}') in body
+        # names only with --metrics-pod-names: the endpoint is reachable from the pod network
+        assert 'namespace="default"' not in body and 'pod="train"' not in body
         assert body.count("sharegpu_agent_container_gpu_memory_used_bytes{") == 2
+        h.agent.config.metrics_pod_names = True
+        named = await scrape(port)
+        assert (f'sharegpu_agent_container_gpu_memory_allocated_bytes{{node="{NODE}",'
+                f'pod_uid="{UID}",namespace="default",pod="train",container="main"}} '
+                f"{4 << 30}") in named
+        h.agent.config.metrics_pod_names = False
         assert "sharegpu_agent_mode_info" in body  # beside the other metrics
 
         nvml.run_process(1, 101, 0)  # the side container's process ends

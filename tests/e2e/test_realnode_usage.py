@@ -7,7 +7,7 @@ as a driver sees every process on the node) that each container's own process, b
 host's PID namespace (found through containerd, and checked in its ``/proc/PID/cgroup``), uses
 some memory on the GPU its pod was given, and that a process outside any pod (this test's)
 uses some too. The agent's ``/metrics``, scraped from the agent pod's IP as Prometheus would,
-must then show each container's memory labelled with its namespace, pod, container and GPU,
+must then show each container's memory labelled with its pod UID, container and GPU,
 beside the container's allocation, and the GPU's total counting every process. When the
 processes end, their series go.
 """
@@ -117,12 +117,14 @@ def test_the_agent_shows_each_containers_gpu_memory_in_use_beside_its_allocation
                    samples(text, "sharegpu_agent_gpu_memory_used_bytes")}
         uuids = {int(lb["gpu"]): lb["uuid"] for lb, _ in
                  samples(text, "sharegpu_agent_gpu_memory_used_bytes")}
+        # the chart's default names a container's pod by its UID only (agent.metricsPodNames)
+        uid = get_pod(cp, WORKLOADS, POD)["metadata"]["uid"]
         for c, mib in USED.items():
-            want = {"node": node.name, "namespace": WORKLOADS, "pod": POD, "container": c,
+            want = {"node": node.name, "pod_uid": uid, "container": c,
                     "gpu": str(gpu[c]), "uuid": uuids[gpu[c]]}
             assert (want, float(mib * MIB)) in used, (c, used)
             asked = {"c0": 2, "c1": 1}[c]
-            assert ({"node": node.name, "namespace": WORKLOADS, "pod": POD, "container": c},
+            assert ({"node": node.name, "pod_uid": uid, "container": c},
                     float(asked * GIB)) in allocated, (c, allocated)
         # every process counts in its GPU's total, the host's (outside any pod) too
         totals: dict[int, int] = {0: HOST_USED}

@@ -22,8 +22,10 @@ from .allocate import (
 )
 from .freshpods import FreshPods
 from .hostdirs import open_dirs
+from .isolation import is_lock_dir
 from .isolationwatch import IsolationWatch
 from .kube import KubeApi
+from .marks import Marks
 from .nodemode import NodeMode
 from .podresources import PodNaming, admitting
 
@@ -36,7 +38,7 @@ class Allocations:
     def __init__(self, node_name: str, allocator: Allocator, pods: FreshPods,
                  node_mode: NodeMode, isolation: IsolationWatch, kube: KubeApi, *,
                  retries: int, retry_s: float,
-                 naming: PodNaming | None = None) -> None:
+                 naming: PodNaming | None = None, marks: Marks | None = None) -> None:
         self.node_name = node_name
         self.allocator = allocator
         self.pods = pods
@@ -48,6 +50,8 @@ class Allocations:
         self.allocations = 0
         self.failures = 0
         self.naming = naming  # the kubelet's pod-resources API, and the node's promise
+        # sets the assigned mark (by UID) once a pod's containers all got theirs
+        self.marks = marks if marks is not None else Marks(node_name, kube, naming)
         # preference and Allocate calls answered for the pod the kubelet's listing named
         self.named = 0
         # resource -> (devices the last preference returned, the pod it named): the kubelet's
@@ -121,7 +125,8 @@ class Allocations:
         if c is not None:
             log.info("%s: %s -> GPU %s", resource, c.ref, ",".join(map(str, grant.gpus)))
         if done and c is not None:
-            t = asyncio.get_running_loop().create_task(self._mark_assigned(c.namespace, c.name))
+            t = asyncio.get_running_loop().create_task(
+                self.marks.mark(c.namespace, c.name, c.uid))
             self._background.add(t)
             t.add_done_callback(self._background.discard)
         return grant
@@ -133,7 +138,7 @@ class Allocations:
         writable = {m.host_path for m in grant.env.mounts if not m.read_only}
         own = [d for d in writable if os.path.dirname(d) == iso.hami_cache_dir.rstrip("/")]
         try:
-            open_dirs(own, writable & {iso.hami_lock_dir})
+            open_dirs(own, {d for d in writable if is_lock_dir(d, iso.hami_lock_dir)})
         except OSError as e:
             self.failures += 1
             raise AllocationError(
@@ -154,16 +159,3 @@ class Allocations:
             )
         except Exception as e:
             log.warning("event for %s/%s not written: %s", c.namespace, c.name, e)
-
-    async def _mark_assigned(self, namespace: str, name: str) -> None:
-        from ..core.annotations import assigned_patch
-
-        delay = 0.2
-        for _ in range(10):
-            try:
-                await self.kube.patch_pod_annotations(namespace, name, assigned_patch())
-                return
-            except Exception as e:
-                log.warning("marking %s/%s assigned failed: %s", namespace, name, e)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 10.0)

@@ -24,6 +24,7 @@ from .nodewatch import NodeWatch
 from .nvml import Nvml
 from .podresources import PodNaming, PodResources
 from .service import Agent
+from .serving import ServingCondition
 from .slicepublisher import SlicePublisher
 
 
@@ -74,7 +75,10 @@ def build_agent(config: AgentConfig, nvml: Nvml, kube: KubeApi,
                             dra_active=lambda: dra_pool.active)
     node_watch = NodeWatch(node, kube, nvml, gpus, node_mode, isolation, advertiser, dra_pool,
                            naming)
-    return Agent(config=config, nvml=nvml, gpus=gpus, devices=devices, allocator=allocator,
-                 node_mode=node_mode, isolation=isolation, health=health,
-                 plugin_set=plugin_set, allocating=allocating, advertiser=advertiser,
-                 dra_pool=dra_pool, dra_node=dra_node, node_watch=node_watch, slices=slices)
+    agent = Agent(config=config, nvml=nvml, gpus=gpus, devices=devices, allocator=allocator,
+                  node_mode=node_mode, isolation=isolation, health=health,
+                  plugin_set=plugin_set, allocating=allocating, advertiser=advertiser,
+                  dra_pool=dra_pool, dra_node=dra_node, node_watch=node_watch, slices=slices)
+    # the node condition GPUAgentServing follows the agent's readiness
+    agent.serving = ServingCondition(node, kube, agent.unready, heartbeat_s=config.heartbeat_s)
+    return agent

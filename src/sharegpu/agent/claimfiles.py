@@ -5,7 +5,8 @@ was written by a prepare that never answered, so no container uses it.
 
 The writable host directories a claim's containers get are made writable by any user: the
 claim's own (HAMi-core's shared cache, mode 0777, removed with the claim) and the node's shared
-``open_dirs`` (HAMi-core's lock directory, mode 1777 as ``/tmp``, kept). A container running as
+``open_dirs`` (HAMi-core's lock directories, one per GPU set under them, mode 1777 as ``/tmp``,
+kept). A container running as
 a user other than root would otherwise find them owned by root and closed to it."""
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ class ClaimFiles:
         record ``entry`` (with ``dirs`` added); on any failure remove all of it again."""
         writable = {m.host_path for _, e in edits for m in e.mounts if not m.read_only}
         dirs = sorted(d for d in writable if d.endswith(f"/{uid}"))
-        open_dirs(dirs, writable & self.open_dirs)
+        open_dirs(dirs, {d for d in writable
+                         if d in self.open_dirs or os.path.dirname(d) in self.open_dirs})
         try:
             cdi.write_spec(self.cdi_dir, uid, cdi.build_spec(uid, ref, edits))
             entry = {**entry, "dirs": dirs}

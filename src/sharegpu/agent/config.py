@@ -29,6 +29,14 @@ class AgentConfig:
     # installed; when set it wins over isolation_paths.hami_library
     hami_installed: str = ""
     isolation_check_s: float = 10.0  # how often the back-end is checked again
+    # how often the node condition GPUAgentServing is renewed (sharegpu.core.agentserving)
+    heartbeat_s: float = 10.0
+    # on a graceful stop, how long the pods already bound here may take to be admitted before
+    # the device plugins go
+    stop_drain_s: float = 5.0
+    # /metrics labels each container's figures with its pod's namespace and name too (not only
+    # its UID): opt-in, the endpoint is reachable from the pod network
+    metrics_pod_names: bool = False
     mps_control: tuple[str, ...] = ("nvidia-cuda-mps-control",)
     load_check: bool = True  # load the HAMi-core library in a child process as part of the check
     # MiB of each GPU kept out of what is advertised: CUDA can use less than NVML's total (480 MiB

@@ -1,8 +1,8 @@
 """The writable host directories a container's isolation mounts, made before the container
 starts so that a container running as any user can write them (the container runtime would
 otherwise create a missing one owned by root, mode 0755): a pod's or claim's own HAMi-core
-cache directory (mode 0777) and the node's shared HAMi-core lock directory (mode 1777, as
-``/tmp``)."""
+cache directory (mode 0777) and the HAMi-core lock directory shared by the containers on the
+same GPUs (mode 1777, as ``/tmp``)."""
 
 from __future__ import annotations
 

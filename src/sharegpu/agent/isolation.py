@@ -7,7 +7,8 @@ policies it can honour: docs/agent.md ("Isolation") and docs/isolation.md.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum, StrEnum
 from typing import Any
@@ -234,8 +235,21 @@ def _hami(envs: dict[str, str], mounts: list[Mount], gpus: list[int], mem: Mappi
     mounts.append(Mount(HAMI_CONTAINER_LIBRARY, config.hami_library, True))
     mounts.append(Mount(PRELOAD_LIST, config.hami_preload_file, True))
     mounts.append(Mount("/tmp/sharegpu-vgpu", f"{config.hami_cache_dir}/{uid}", False))
-    # HAMi-core serialises its per-GPU bookkeeping across containers with lock files here
-    mounts.append(Mount("/tmp/vgpulock", config.hami_lock_dir, False))
+    # HAMi-core serialises how a starting process finds its host PID (a lock file here, around
+    # its diff of NVML's process list): shared only by the containers on the same GPUs, so a
+    # tenant holding the lock stalls no container on other GPUs
+    mounts.append(Mount("/tmp/vgpulock", hami_lock_dir(config.hami_lock_dir, gpus), False))
+
+
+def hami_lock_dir(root: str, gpus: Sequence[int]) -> str:
+    """The host directory a container on ``gpus`` (host indices) gets as ``/tmp/vgpulock``:
+    one per GPU set under the node's lock directory ``root``."""
+    return f"{root.rstrip('/')}/gpu-{'-'.join(str(g) for g in sorted(gpus))}"
+
+
+def is_lock_dir(path: str, root: str) -> bool:
+    """Whether ``path`` is one of the lock directories under ``root``."""
+    return os.path.dirname(path) == root.rstrip("/")
 
 
 def _mps(envs: dict[str, str], mounts: list[Mount], gpus: list[int], mem: Mapping[int, int],

@@ -39,8 +39,12 @@ class KubeApi(Protocol):
         ...
 
     async def patch_pod_annotations(
-        self, namespace: str, name: str, annotations: Mapping[str, str]
-    ) -> None: ...
+        self, namespace: str, name: str, annotations: Mapping[str, str], *, uid: str = ""
+    ) -> None:
+        """Merge-patch the pod's annotations; with ``uid``, only the pod of that UID (the patch
+        carries ``metadata.uid``: the API server refuses it for a same-name pod recreated
+        since, raising :class:`PodGone` here)."""
+        ...
 
     async def patch_node_condition(self, name: str, condition: Mapping[str, str]) -> None:
         """Set one condition (by ``type``) in the node's status; the others are kept."""
@@ -60,6 +64,10 @@ class KubeApi(Protocol):
         """A ``resource.k8s.io/v1`` ResourceClaim, as the API server returns it (DRA mode's
         kubelet plugin reads its allocation)."""
         ...
+
+
+class PodGone(LookupError):
+    """The pod named is gone, or is another pod of the same name now (a UID precondition)."""
 
 
 def _merge(target: dict[str, str], patch: Mapping[str, str | None] | None) -> None:
@@ -138,9 +146,11 @@ class MemoryKube:
             p for p in self.pods.values() if (p.get("spec") or {}).get("nodeName") == node
         ]))
 
-    async def patch_pod_annotations(self, namespace, name, annotations) -> None:  # type: ignore[no-untyped-def]
+    async def patch_pod_annotations(self, namespace, name, annotations, *, uid="") -> None:  # type: ignore[no-untyped-def]
         self.calls.append(("patch_pod", (namespace, name, dict(annotations))))
-        pod = self.pods[(namespace, name)]
+        pod = self.pods.get((namespace, name))
+        if pod is None or (uid and (pod["metadata"].get("uid") or "") != uid):
+            raise PodGone(f"pod {namespace}/{name} (uid {uid or 'any'}) not found")
         _merge(pod["metadata"].setdefault("annotations", {}), annotations)
 
     async def patch_node_condition(self, name, condition) -> None:  # type: ignore[no-untyped-def]

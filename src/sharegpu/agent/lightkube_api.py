@@ -96,15 +96,25 @@ class LightkubeApi:
         ]
 
     async def patch_pod_annotations(
-        self, namespace: str, name: str, annotations: Mapping[str, str]
+        self, namespace: str, name: str, annotations: Mapping[str, str], *, uid: str = ""
     ) -> None:
+        from lightkube import ApiError
         from lightkube.resources.core_v1 import Pod
         from lightkube.types import PatchType
 
-        await self.client.patch(
-            Pod, name, {"metadata": {"annotations": dict(annotations)}},
-            namespace=namespace, patch_type=PatchType.MERGE,
-        )
+        from .kube import PodGone
+
+        meta: dict[str, Any] = {"annotations": dict(annotations)}
+        if uid:
+            meta["uid"] = uid  # a precondition: refused for another pod of the same name
+        try:
+            await self.client.patch(Pod, name, {"metadata": meta}, namespace=namespace,
+                                    patch_type=PatchType.MERGE)
+        except ApiError as e:
+            if e.status.code in (404, 409) or (uid and e.status.code == 422):
+                raise PodGone(f"pod {namespace}/{name} (uid {uid or 'any'}): "
+                              f"{e.status.message}") from None
+            raise
 
     async def patch_node_condition(self, name: str, condition: Mapping[str, str]) -> None:
         """A strategic merge patch of ``status.conditions`` (merged by ``type``) through the

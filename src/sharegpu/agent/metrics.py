@@ -2,8 +2,10 @@
 its readiness (``GET /readyz``: 503 with the reasons until the kubelet has its devices).
 
 With a :class:`~.usage.UsageCollector`, ``/metrics`` also tells the GPU memory in use per
-container (NVML's per-process figures, by namespace, pod, container and GPU) and per GPU, beside
-what each container was allocated (docs/metrics.md).
+container (NVML's per-process figures, by pod UID, container and GPU) and per GPU, beside
+what each container was allocated (docs/metrics.md). The pod's namespace and name are added only
+with ``--metrics-pod-names``: the endpoint is reachable from the pod network, and a tenant should
+not learn which other tenants' pods run on the node.
 """
 
 from __future__ import annotations
@@ -23,7 +25,16 @@ def _label(v: str) -> str:
     return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def render_usage(node: str, uuids: dict[int, str], usage: Usage) -> list[str]:
+def _pod(namespace: str, pod: str, uid: str, names: bool) -> str:
+    """A container's pod labels: its UID, and its namespace and name when ``names``."""
+    out = f'pod_uid="{_label(uid)}",'
+    if names:
+        out += f'namespace="{_label(namespace)}",pod="{_label(pod)}",'
+    return out
+
+
+def render_usage(node: str, uuids: dict[int, str], usage: Usage, *,
+                 pod_names: bool = False) -> list[str]:
     lines = [
         "# HELP sharegpu_agent_gpu_memory_used_bytes GPU memory in use by every process on the "
         "GPU (NVML)",
@@ -40,7 +51,7 @@ def render_usage(node: str, uuids: dict[int, str], usage: Usage) -> list[str]:
     for c in usage.containers:
         lines.append(
             f'sharegpu_agent_container_gpu_memory_used_bytes{{node="{node}",'
-            f'namespace="{_label(c.namespace)}",pod="{_label(c.pod)}",'
+            f'{_pod(c.namespace, c.pod, c.uid, pod_names)}'
             f'container="{_label(c.container)}",gpu="{c.gpu}",uuid="{uuids.get(c.gpu, "")}"}} '
             f"{c.used_bytes}")
     lines += [
@@ -51,7 +62,7 @@ def render_usage(node: str, uuids: dict[int, str], usage: Usage) -> list[str]:
     for a in usage.allocations:
         lines.append(
             f'sharegpu_agent_container_gpu_memory_allocated_bytes{{node="{node}",'
-            f'namespace="{_label(a.namespace)}",pod="{_label(a.pod)}",'
+            f'{_pod(a.namespace, a.pod, a.uid, pod_names)}'
             f'container="{_label(a.container)}"}} {a.gpu_mem_gib << 30}')
     return lines
 
@@ -89,6 +100,14 @@ def render(agent: Agent, usage: Usage | None = None) -> str:
         f'sharegpu_agent_isolation_ready{{backend="{r.backend.value}"}} {int(r.ready)}',
         "# TYPE sharegpu_agent_isolation_refusals_total counter",
         f"sharegpu_agent_isolation_refusals_total {agent.isolation_refusals}",
+        "# HELP sharegpu_agent_serving 1 while the node condition GPUAgentServing is True as "
+        "last written",
+        "# TYPE sharegpu_agent_serving gauge",
+        f"sharegpu_agent_serving {int(bool(agent.serving and agent.serving.serving))}",
+        "# HELP sharegpu_agent_marks_reconciled_total pods marked assigned by reconciliation "
+        "(their mark after Allocate was lost)",
+        "# TYPE sharegpu_agent_marks_reconciled_total counter",
+        f"sharegpu_agent_marks_reconciled_total {agent.allocating.marks.reconciled}",
     ]
     lines.append("# TYPE sharegpu_agent_resource_conflict gauge")
     for resource, sockets in sorted(agent.conflicts.items()):
@@ -105,7 +124,8 @@ def render(agent: Agent, usage: Usage | None = None) -> str:
             f"sharegpu_agent_mps_daemon_restarts_total {int(mps.get('restarts') or 0)}",
         ]
     if usage is not None:
-        lines += render_usage(node, {g.index: g.uuid for g in agent.gpus}, usage)
+        lines += render_usage(node, {g.index: g.uuid for g in agent.gpus}, usage,
+                              pod_names=agent.config.metrics_pod_names)
     return "\n".join(lines) + "\n"
 
 

@@ -32,6 +32,7 @@ from .nodewatch import NodeWatch
 from .nvml import Gpu, Nvml
 from .plugin import DevicePlugin
 from .readiness import Readiness
+from .serving import ServingCondition
 from .slicepublisher import SlicePublisher
 
 log = logging.getLogger(__name__)
@@ -56,12 +57,16 @@ class Agent:
     dra_node: DraNode
     node_watch: NodeWatch
     slices: SlicePublisher | None = None  # the ResourceSlice publisher (config.dra != "off")
+    # the node condition GPUAgentServing (None: not published, as in --standalone tests)
+    serving: ServingCondition | None = None
     _tasks: list[asyncio.Task] = field(default_factory=list, init=False, repr=False)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         os.makedirs(self.config.state_dir, exist_ok=True)
         await self.node_watch.start()
+        if self.serving is not None:
+            await self.serving.starting()
         await self.isolation.check(publish=False)
         await self.advertiser.refresh()
         await self.isolation.publish_condition()
@@ -75,11 +80,20 @@ class Agent:
             asyncio.create_task(self.health.run(), name="watch-health"),
             asyncio.create_task(self.isolation.run(), name="watch-isolation"),
             asyncio.create_task(self.node_watch.keep_naming(), name="pod-naming"),
+            asyncio.create_task(self.allocating.marks.run(), name="reconcile-marks"),
         ]
+        if self.serving is not None:
+            self._tasks.append(asyncio.create_task(self.serving.run(), name="serving"))
         log.info("agent on %s: %d GPU(s) %s, mode %s", self.config.node_name, len(self.gpus),
                  [g.mem_gib for g in self.gpus], self.mode)
 
     async def stop(self) -> None:
+        """Stop serving: first say so on the node (the extender then places no more GPU pods
+        here), let the pods already bound here be admitted (up to ``config.stop_drain_s``),
+        then unregister the device plugins."""
+        if self.serving is not None:
+            await self.serving.stop()
+            await self.drain(self.config.stop_drain_s)
         self.health.stop()
         await cancel_all(self._tasks)
         self._tasks = []
@@ -90,6 +104,29 @@ class Agent:
             await self.slices.stop()
         if self.allocating.naming is not None:
             await self.allocating.naming.client.close()
+
+    async def drain(self, timeout_s: float, every_s: float = 0.2) -> int:
+        """Wait until no pod bound to this node awaits its devices (a decision, no mark), at
+        most ``timeout_s``; how many still wait."""
+        from .allocate import pending_candidates
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            try:
+                pods = await self.allocating.pods.get()
+                waiting = {c.pod_key for c in pending_candidates(pods, self.config.node_name)}
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the API is away: nothing to wait for that we can see
+                log.warning("listing the node's pods before stopping failed: %s", e)
+                return 0
+            if not waiting or loop.time() + every_s > deadline:
+                if waiting:
+                    log.warning("stopping with %d pod(s) bound here not admitted yet",
+                                len(waiting))
+                return len(waiting)
+            await asyncio.sleep(every_s)
 
     async def run_forever(self) -> None:
         await self.start()

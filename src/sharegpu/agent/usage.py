@@ -53,6 +53,7 @@ class ContainerUsage:
     container: str  # "" while the pod's status does not name the container's ID yet
     gpu: int
     used_bytes: int
+    uid: str = ""  # the pod's UID
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +62,7 @@ class ContainerAllocation:
     pod: str
     container: str
     gpu_mem_gib: int  # over all its GPUs
+    uid: str = ""  # the pod's UID
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +105,8 @@ def attribute(procs: Iterable[GpuProcess], cgroup_of: Callable[[int], str | None
         for c in req.containers:
             if c.gpu_mem:
                 allocations.append(ContainerAllocation(
-                    req.namespace, req.name, c.name, c.total_mem))
-    sums: dict[tuple[str, str, str, int], int] = {}
+                    req.namespace, req.name, c.name, c.total_mem, str(uid or "")))
+    sums: dict[tuple[str, str, str, int, str], int] = {}
     gpus: dict[int, int] = {}
     names: dict[str, dict[str, str]] = {}
     for proc in procs:
@@ -118,9 +120,10 @@ def attribute(procs: Iterable[GpuProcess], cgroup_of: Callable[[int], str | None
             names[ids[0]] = _container_ids(pod)
         meta = pod.get("metadata") or {}
         key = (str(meta.get("namespace", "default")), str(meta.get("name", "")),
-               names[ids[0]].get(ids[1], ""), proc.gpu)
+               names[ids[0]].get(ids[1], ""), proc.gpu, ids[0])
         sums[key] = sums.get(key, 0) + proc.used_bytes
-    return Usage(tuple(ContainerUsage(*k, v) for k, v in sorted(sums.items())), gpus,
+    return Usage(tuple(ContainerUsage(ns, name, ctr, gpu, v, uid)
+                       for (ns, name, ctr, gpu, uid), v in sorted(sums.items())), gpus,
                  tuple(allocations))
 
 

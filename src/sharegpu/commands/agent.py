@@ -48,6 +48,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config, else "
                    "in-cluster)")
     p.add_argument("--metrics-listen", default="0.0.0.0:9400", help="HOST:PORT, or '' for none")
+    p.add_argument("--metrics-pod-names", action="store_true",
+                   help="label each container's figures on /metrics with its pod's namespace "
+                        "and name (default: the pod's UID only; /metrics is reachable from the "
+                        "pod network, and names would tell every tenant which pods run here)")
     p.add_argument("--host-proc", default="/proc",
                    help="/proc of the host's PID namespace (NVML reports only the GPU processes "
                         "of the agent's PID namespace: run it in the host's, as the chart does "
@@ -67,6 +71,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "4 are refused (no back-end can honour them)")
     p.add_argument("--isolation-check-every", type=float, default=10.0,
                    help="seconds between checks of the isolation back-end")
+    p.add_argument("--heartbeat-every", type=float, default=10.0, metavar="SECONDS",
+                   help="seconds between renewals of the node condition GPUAgentServing (the "
+                        "extender counts it stale after 40 s: keep this well below)")
+    p.add_argument("--stop-drain", type=float, default=5.0, metavar="SECONDS",
+                   help="on SIGTERM, after GPUAgentServing=False is written, how long pods "
+                        "already bound to the node may take to get their devices before the "
+                        "device plugins go (default 5)")
     p.add_argument("--mps-pipe-dir", default="/run/nvidia/mps",
                    help="host directory of the MPS control daemon's pipes")
     p.add_argument("--mps-shm-dir", default="/run/nvidia/mps-shm",
@@ -133,6 +144,13 @@ def run(args: argparse.Namespace) -> int:
     if not args.isolation_check_every > 0:
         raise ValidationError("--isolation-check-every", args.isolation_check_every,
                               "must be a positive number of seconds")
+    if not 0 < args.heartbeat_every <= 30:
+        raise ValidationError("--heartbeat-every", args.heartbeat_every,
+                              "must be more than 0 and at most 30 seconds (the extender counts "
+                              "the condition stale after 40)")
+    if not 0 <= args.stop_drain <= 20:
+        raise ValidationError("--stop-drain", args.stop_drain,
+                              "must be 0 to 20 seconds (within the pod's termination grace)")
     reserve = reserve_mib(args.reserve_mib)
     mps_control = tuple(shlex.split(args.mps_control))
     if not mps_control:
@@ -193,6 +211,9 @@ def run(args: argparse.Namespace) -> int:
         recover_after_s=args.recover_after,
         hami_installed=args.hami_installed,
         isolation_check_s=args.isolation_check_every,
+        heartbeat_s=args.heartbeat_every,
+        stop_drain_s=args.stop_drain,
+        metrics_pod_names=args.metrics_pod_names,
         mps_control=mps_control,
         reserve_mib=reserve,
         dra=args.dra,

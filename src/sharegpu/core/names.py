@@ -67,3 +67,6 @@ ANN_NODE_POD_RESOURCES: Final = "sharegpu.io/pod-resources"
 # the node condition the agent keeps: is the node's isolation back-end usable (read by the
 # extender's DRA diagnosis)
 CONDITION_ISOLATION: Final = "GPUIsolationReady"
+# the node condition the agent renews while it serves: are its device plugins (or its DRA
+# plugin) registered with the kubelet and listed (sharegpu.core.agentserving)
+CONDITION_AGENT_SERVING: Final = "GPUAgentServing"

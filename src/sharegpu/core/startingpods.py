@@ -8,10 +8,12 @@ docs/architecture.md, "Starting pods". Pure bookkeeping: no I/O.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from . import names
-from .annotations import Allocation
+from .annotations import Allocation, is_assigned
 from .request import Kind, PodRequest
 
 # A request the kubelet makes for one container: (resource, number of devices).
@@ -58,6 +60,23 @@ def pod_grant(req: PodRequest, alloc: Allocation) -> tuple[Grant, ...]:
     return tuple(g for _, g in sorted(container_grants(req, alloc).items()))
 
 
+def started(pod: Mapping[str, Any]) -> bool:
+    """Whether the kubelet has started ``pod`` (its devices were allocated at admission): its
+    agent marked it assigned, or it runs (phase ``Running``, or a container running or ended)
+    whatever the mark says, so a lost or removed mark cannot keep it starting for ever."""
+    meta = pod.get("metadata") or {}
+    if is_assigned(meta.get("annotations") or {}):
+        return True
+    status = pod.get("status") or {}
+    if status.get("phase") == "Running":
+        return True
+    for c in status.get("containerStatuses") or []:
+        state = (c or {}).get("state") or {} if isinstance(c, Mapping) else {}
+        if state.get("running") or state.get("terminated"):
+            return True
+    return False
+
+
 @dataclass(frozen=True)
 class Conflict:
     """A starting pod that the kubelet could not tell from the pod being bound."""
@@ -78,8 +97,12 @@ class StartingPods:
     container. ``naming``: the nodes whose agent names the pod of each kubelet call (through
     the kubelet's pod-resources API): there no starting pod conflicts with another."""
 
-    def __init__(self, naming: set[str] | None = None) -> None:
+    def __init__(self, naming: set[str] | None = None,
+                 trusted: Callable[[str], bool] | None = None) -> None:
+        """``trusted``: whether a node's promise to name pods holds now (its agent serves:
+        :mod:`sharegpu.core.agentserving`); by default every promise does."""
         self.naming: set[str] = naming if naming is not None else set()
+        self.trusted = trusted if trusted is not None else (lambda node: True)
         # node -> first container's kubelet request -> pod -> the pod's grant
         self._nodes: dict[str, dict[KubeletRequest, dict[str, tuple[Grant, ...]]]] = {}
         self._pods: dict[str, tuple[str, tuple[KubeletRequest, ...]]] = {}
@@ -122,7 +145,7 @@ class StartingPods:
         """The first starting pod on ``node`` that the kubelet could not tell from ``req``
         placed as ``alloc``, or ``None``."""
         at = self._nodes.get(node)
-        if not at or node in self.naming:
+        if not at or (node in self.naming and self.trusted(node)):
             return None
         grant = pod_grant(req, alloc)
         for a in first_requests(req):
@@ -137,4 +160,4 @@ class StartingPods:
 
 
 __all__ = ["Conflict", "Grant", "KubeletRequest", "StartingPods", "container_grants",
-           "first_requests", "kubelet_requests", "pod_grant"]
+           "first_requests", "kubelet_requests", "pod_grant", "started"]

@@ -7,6 +7,7 @@ brought up to date row by row."""
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from itertools import compress
 from operator import itemgetter
 from typing import Any
@@ -43,12 +44,16 @@ class SchedulingAnswers:
     held until their binds (``holds``)."""
 
     def __init__(self, ledger: ClusterCache, learned: LearnedWorkload, dra: DraState,
-                 holds: PickHolds, *, graded: bool = False) -> None:
+                 holds: PickHolds, *, graded: bool = False,
+                 agents_down: Callable[[], dict[str, str]] = dict) -> None:
+        """``agents_down``: the nodes whose agent does not serve GPU pods now, with why
+        (:mod:`sharegpu.core.agentserving`): no GPU pod passes or is bound there."""
         self.ledger = ledger
         self.learned = learned
         self.dra = dra
         self.holds = holds
         self.graded = graded  # prioritize scores every feasible node, not only the pick
+        self.agents_down = agents_down
         # the last filter's passing names, their slots and the node set's version then
         self.passed: tuple[list[str], np.ndarray, int] = ([], np.zeros(0, dtype=np.int64), -1)
         # FGD, strand and strandlp score a node from that node's row alone, so scores can be kept
@@ -125,6 +130,7 @@ class SchedulingAnswers:
             host_short = (st.cpu_free[at_known] < cpu) | (st.mem_free[at_known] < mem)
         pool = self.dra.pool_mask(req, at)  # DRA pods: DRA nodes only; others: the rest
         outside = (~pool).tolist() if pool is not None else [False] * len(at)
+        down = self.agents_down()
         for j, i, v, empty, short, out in zip(bad.tolist(), at.tolist(), version,
                                               empty_ok.tolist(), host_short.tolist(), outside,
                                               strict=True):
@@ -134,6 +140,10 @@ class SchedulingAnswers:
                 continue
             if out:
                 unres[name] = self.dra.pool_reason(req)
+                continue
+            why = down.get(name) if down else None
+            if why is not None:  # its agent does not serve: preemption would not help
+                unres[name] = why
                 continue
             if short:
                 reason = st.explain(req, i) or "does not fit"
@@ -163,7 +173,20 @@ class SchedulingAnswers:
         pool = self.dra.pool_mask(req, slots)
         if pool is not None:
             ok &= pool
+        down = self.agents_down()
+        if down:
+            ok &= self.serving_mask(down)[slots]
         return ok
+
+    def serving_mask(self, down: dict[str, str]) -> np.ndarray:
+        """Over every node slot (and a last one for unknown names): whether its agent serves."""
+        index = self.ledger.state.index
+        mask = np.ones(self.ledger.state.n + 1, dtype=bool)
+        for node in down:
+            i = index.get(node)
+            if i is not None:
+                mask[i] = False
+        return mask
 
     def feasible(self, req: PodRequest) -> np.ndarray:
         """The core's feasibility mask over every node, kept per request shape and brought up
@@ -338,11 +361,12 @@ class SchedulingAnswers:
         ledger, holds = self.ledger, self.holds
         holds.expire()
         held = holds.take(key)
+        down = self.agents_down().get(node)
         if held is not None:
             r = ledger.inflight.get(key)
-            if held == node and r is not None and r.request.uid == req.uid:
+            if held == node and r is not None and r.request.uid == req.uid and down is None:
                 return r  # the bind confirms what its filter held
-            ledger.give_back(key)  # chosen elsewhere: reserved afresh below
+            ledger.give_back(key)  # chosen elsewhere (or its agent stopped since): afresh
         st = ledger.state
         i = st.index.get(node)
         if i is None:
@@ -351,7 +375,7 @@ class SchedulingAnswers:
         holding = st.pods.get(key)
         if holding is not None:
             raise PlacementError(f"{key}: already holds GPUs on {holding.node}")
-        reason = st.explain(req, i)
+        reason = down or st.explain(req, i)
         if reason is not None:
             raise PlacementError(f"{key} on {node}: {reason}")
         alloc = ledger.policy.select(st, req, i)

@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from typing import Any, Protocol
 
 from ..core import hostresources, names
-from ..core.annotations import Allocation, is_assigned
+from ..core.annotations import Allocation
 from ..core.errors import PlacementError, ValidationError
 from ..core.modes import Mode
 from ..core.nodes import spec_from_node
@@ -38,7 +38,7 @@ from ..core.podreader import Placed, PlacementReader, pod_key
 from ..core.pods import is_terminated, node_of
 from ..core.request import PodRequest
 from ..core.scheduler import Scheduler
-from ..core.startingpods import StartingPods
+from ..core.startingpods import StartingPods, started
 from ..core.state import ClusterState, NodeSpec, Reservation
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,9 @@ class ClusterCache:
         # it binds distinguishable to the kubelet (sharegpu.core.startingpods)
         # the nodes whose agent names each pod to the kubelet (sharegpu.io/pod-resources)
         self.naming_nodes: set[str] = set()
-        self.starting = StartingPods(self.naming_nodes)
+        # whether a node's promise holds now (set by the composition root: its agent serves)
+        self.naming_trusted: Callable[[str], bool] = lambda node: True
+        self.starting = StartingPods(self.naming_nodes, self._trusted)
         # bound GPU pods without a recorded decision, charged conservatively (key -> node)
         self.unseen: dict[str, str] = {}
         # called with such a pod the first time it is seen (the replica posts an Event)
@@ -125,6 +127,9 @@ class ClusterCache:
         self.reader = PlacementReader()
         self.reader.on_problem = self.problem
         learned.prepare(self.state)
+
+    def _trusted(self, node: str) -> bool:
+        return self.naming_trusted(node)
 
     def problem(self, key: str, reason: str) -> None:
         self.problems[key] = reason
@@ -158,7 +163,7 @@ class ClusterCache:
         listed: list[str] = []
         tracking = bool(self._change_logs)
         reader, inflight = self.reader, self.inflight
-        starting = StartingPods(self.naming_nodes)
+        starting = StartingPods(self.naming_nodes, self._trusted)
         bad = 0
         waiting: list[tuple[str, Mapping[str, Any]]] = []  # unbound pods with claims
         for obj in pods:  # the same answers as placement_of, known_bound, unannotated_gpu_pod
@@ -200,7 +205,7 @@ class ClusterCache:
                         unseen.append(obj)
                 continue
             placed[key] = p
-            if not is_assigned(meta.get("annotations") or {}):
+            if not started(obj):
                 starting.add(key, p[1], p[0], p[2])
             if p[1] in state.index:  # else applied when the node appears
                 records.append(p)
@@ -426,7 +431,7 @@ class ClusterCache:
         if key in self.inflight:
             # being bound: the binder holds it; but the node's agent may already have marked it
             # assigned (its kubelet started it) before the binding's answer came back
-            if is_assigned((obj.get("metadata") or {}).get("annotations") or {}):
+            if started(obj):
                 self.starting.discard(key)
             return
         try:
@@ -442,9 +447,9 @@ class ClusterCache:
 
     def _sync_starting(self, key: str, obj: Mapping[str, Any], p: Placed | None) -> None:
         """A bound pod starts when its node's agent marks it assigned (the kubelet allocated
-        its devices); until then it is starting (:mod:`sharegpu.core.startingpods`)."""
-        if p is None or key not in self.placed or is_assigned(
-                (obj.get("metadata") or {}).get("annotations") or {}):
+        its devices) or it runs, whatever the mark says; until then it is starting
+        (:mod:`sharegpu.core.startingpods`)."""
+        if p is None or key not in self.placed or started(obj):
             self.starting.discard(key)
         else:
             req, node, alloc = p

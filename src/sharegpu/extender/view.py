@@ -20,9 +20,11 @@ ask it questions, all on one event loop, so every method runs atomically.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ..core.agentserving import STALE_AFTER_S, AgentLiveness
 from ..core.placement.base import get_policy
 from ..core.placement.fragmentation import TargetWorkload
 from ..core.placement.learned import LearnedWorkload, default_workload, shape_of
@@ -63,11 +65,19 @@ class ClusterView:
 
     def __init__(self, policy: str = "default", *, workload_refresh: int = 50,
                  graded: bool = False, workload: TargetWorkload | None = None,
-                 hold_timeout: float = DEFAULT_TIMEOUT_S) -> None:
+                 hold_timeout: float = DEFAULT_TIMEOUT_S,
+                 agent_stale_after_s: float = STALE_AFTER_S) -> None:
         """``workload``: a fixed target workload for the policy (e.g. the history a simulation
         ran with), never re-learnt; by default it is learnt from the pods seen. ``graded``:
         prioritize scores every feasible node, not only the policy's pick. ``hold_timeout``:
-        seconds a pick filter answered with stays held without its bind."""
+        seconds a pick filter answered with stays held without its bind.
+        ``agent_stale_after_s``: a node's ``GPUAgentServing`` condition not renewed this long
+        counts as not serving (:mod:`sharegpu.core.agentserving`)."""
+        # the nodes' agents: no GPU pod goes to a node whose agent does not serve, and a
+        # node's promise to name pods holds only while its agent serves
+        self.clock = time.monotonic
+        self.wall = time.time
+        self.agents = AgentLiveness(agent_stale_after_s)
         self.learned = LearnedWorkload(get_policy(policy), refresh=workload_refresh,
                                        fixed=workload)
         self.ledger = ClusterCache(policy, self.learned)
@@ -75,8 +85,10 @@ class ClusterView:
         self.holds = PickHolds(self.ledger, HeldPicks(hold_timeout))
         self.ledger.gpus = self.dra  # DRA nodes' GPUs come from their ResourceSlices
         self.ledger.give_way = self.holds.drop  # held picks yield to a bound pod's record
+        self.ledger.naming_trusted = lambda node: self.agents.serving(node, self.clock())
         self.answers = SchedulingAnswers(self.ledger, self.learned, self.dra, self.holds,
-                                         graded=graded)
+                                         graded=graded,
+                                         agents_down=lambda: self.agents.down(self.clock()))
         self.early = EarlyPrioritize(self.ledger, self.learned, self.answers)
         self.gangs = GangScheduling(self.ledger, self.learned, self.answers)
 
@@ -118,6 +130,15 @@ class ClusterView:
         self.ledger.bound(key)
 
     # -- the informer's events ---------------
+    def upsert_node(self, obj: Mapping[str, Any]) -> None:
+        self.agents.observe(_node_name(obj), obj, mono=self.clock(), wall=self.wall())
+        self.ledger.upsert_node(obj)
+
+    def delete_node(self, name: str, *, forget: bool = True) -> None:
+        if forget:
+            self.agents.forget(name)
+        self.ledger.delete_node(name, forget=forget)
+
     def upsert_pod(self, obj: Mapping[str, Any]) -> None:
         key = pod_key(obj)
         self.gangs.on_pod(key, obj)
@@ -142,6 +163,13 @@ class ClusterView:
         In-flight reservations are kept. Returns the number of pods whose annotations could
         not be applied."""
         pods = pods if isinstance(pods, list) else list(pods)
+        nodes = nodes if isinstance(nodes, list) else list(nodes)
+        mono, wall = self.clock(), self.wall()
+        listed = {_node_name(obj) for obj in nodes}
+        for name in self.agents.nodes() - listed:
+            self.agents.forget(name)
+        for obj in nodes:  # a node seen before keeps when its heartbeat was last seen to change
+            self.agents.observe(_node_name(obj), obj, mono=mono, wall=wall)
         with gc_paused():
             if dra is not None:
                 self.dra.load(*dra)
@@ -177,8 +205,6 @@ class ClusterView:
     track_changes = _Part("ledger")
     untrack_changes = _Part("ledger")
     known_bound = _Part("ledger")
-    upsert_node = _Part("ledger")
-    delete_node = _Part("ledger")
     drift = _Part("ledger")
     fingerprint = _Part("ledger")
     node_modes = _Part("ledger")
@@ -234,6 +260,10 @@ class ClusterView:
     upsert_podgroup = _Part("gangs")
     delete_podgroup = _Part("gangs")
     reset_podgroups = _Part("gangs")
+
+
+def _node_name(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name") or "")
 
 
 __all__ = [
