@@ -26,13 +26,14 @@ MIXED = [("Tesla-T4", 15), ("Tesla-T4", 15), ("Tesla-V100-SXM2-32GB", 32),
 
 
 async def start(short_dir: str, *, kubelet: str = "v1.37.2", serve: bool = True,
-                socket: bool = True) -> tuple[Harness, TestPodResources]:
+                socket: bool = True, gpus: list | None = None, mode: str = "cgpu",
+                ) -> tuple[Harness, TestPodResources]:
     sock = os.path.join(short_dir, "pr.sock")
     pr = TestPodResources(sock)
     if serve:
         await pr.start()
     cfg = {"pod_resources_socket": sock} if socket else {}
-    h = Harness(short_dir, MIXED, "cgpu", **cfg)
+    h = Harness(short_dir, gpus or MIXED, mode, **cfg)
     h.kube.nodes[NODE]["status"] = {"nodeInfo": {"kubeletVersion": kubelet}}
     await h.start()
     return h, pr
@@ -168,6 +169,80 @@ async def test_a_promise_it_cannot_keep_refuses_to_guess(short_dir):
         ids = await h.kubelet.preferred(names.RES_GPU_MEM, free, 2)
         resp = await h.kubelet.allocate(names.RES_GPU_MEM, ids)
         assert dict(resp.envs)[names.ENV_VISIBLE_DEVICES] == h.agent.gpus[3].uuid
+    finally:
+        await h.close()
+        await pr.stop()
+
+
+def plain_pod(name: str, resource: str, n: int) -> dict:
+    """A pod that sharegpu did not place (a static pod, one created with ``spec.nodeName``, a
+    whole-card pod of the default scheduler): bound to the node, no decision."""
+    pod = make_pod(name, [{"cards": n}], whole=resource)
+    if resource != names.RES_NVIDIA_GPU:
+        pod["spec"]["containers"][0]["resources"]["limits"] = {resource: str(n)}
+    return pod
+
+
+async def kubelet_admits(h: Harness, pr: TestPodResources, pod: dict, resource: str,
+                         free: list[str], size: int) -> tuple[list[str], object]:
+    """The kubelet admits ``pod``'s one container: listed, preference, Allocate, recorded. The
+    devices it chose and the answer (or the refusal, an ``AioRpcError``)."""
+    pr.admit(pod)
+    ids = await h.kubelet.preferred(resource, free, size)
+    try:
+        resp: object = await h.kubelet.allocate(resource, ids)
+    except grpc.aio.AioRpcError as e:
+        pr.pods.pop(("default", pod["metadata"]["name"]))  # rejected: terminal, not listed
+        return ids, e
+    for i in ids:
+        free.remove(i)
+    pr.record(pod, "c0", resource, ids)
+    return ids, resp
+
+
+@pytest.mark.xfail(strict=True, reason="issue 40 attack 4: S gets Y's decision, then Z and Y "
+                   "share card 1")
+async def test_exclusive_cards_never_go_to_two_pods(short_dir):
+    """Attack 4 of issue 40: a plain ``nvidia.com/gpu: 1`` pod S is admitted on a node that names
+    pods while pending pod Y has a decision for card 0. S must get the card the kubelet chose and
+    nothing of Y's; Y, Z and every later grant get exactly the kubelet's cards, so no exclusive
+    card ever serves two pods."""
+    h, pr = await start(short_dir, gpus=[("Tesla-T4", 15)] * 2, mode="default")
+    try:
+        res = names.RES_NVIDIA_GPU
+        free = [i for i, _ in h.kubelet.devices[res]]
+        card = {h.agent.devices.gpu_of(i): i for i in free}
+        holders: dict[str, str] = {}  # card ID -> pod running on it
+
+        def run(pod: dict, resp: object, ids: list[str]) -> None:
+            name = pod["metadata"]["name"]
+            if isinstance(resp, grpc.aio.AioRpcError):
+                return
+            assert resp.annotations.get(ANN_GRANT, f"default/{name}/c0") == f"default/{name}/c0", (
+                f"{name} was handed {resp.annotations[ANN_GRANT]}'s decision")
+            visible = dict(resp.envs)[names.ENV_VISIBLE_DEVICES].split(",")
+            assert visible == ids, f"{name} got {visible}, the kubelet gave it {ids}"
+            for v in visible:
+                assert v not in holders, f"{name} and {holders[v]} both on card {v}"
+                holders[v] = name
+
+        y = make_pod("y", [{"cards": 1}], alloc={0: {0: 15}}, whole=res, assume=10)
+        s = plain_pod("s", res, 1)
+        h.kube.add_pod(y)
+        h.kube.add_pod(s)
+        ids, resp = await kubelet_admits(h, pr, s, res, free, 1)
+        run(s, resp, ids)
+        ids, resp = await kubelet_admits(h, pr, y, res, free, 1)
+        run(y, resp, ids)
+        # S ends; the extender places Z on the card it believes free
+        h.kube.pods.pop(("default", "s"))
+        pr.pods.pop(("default", "s"))
+        free.append(card[0])
+        believed_free = 1
+        z = make_pod("z", [{"cards": 1}], alloc={0: {believed_free: 15}}, whole=res, assume=20)
+        h.kube.add_pod(z)
+        ids, resp = await kubelet_admits(h, pr, z, res, free, 1)
+        run(z, resp, ids)
     finally:
         await h.close()
         await pr.stop()
