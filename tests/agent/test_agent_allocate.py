@@ -305,9 +305,15 @@ async def test_topology_uses_the_scheduler_set(harness):
     all_ids = [i for i, _ in h.kubelet.devices[names.RES_TOPOLOGY_GPU]]
     pref = await h.kubelet.preferred(names.RES_TOPOLOGY_GPU, all_ids, 2)
     assert sorted(pref) == sorted([h.agent.gpus[1].uuid, h.agent.gpus[3].uuid])
-    # even if the kubelet picks other cards, the container gets the scheduler's set
+    # where the kubelet picks other cards, the container gets the kubelet's: cards it gave
+    # nobody else, where the scheduler's set may be held by another pod (issue 40, attack 4)
     r = await h.kubelet.allocate(names.RES_TOPOLOGY_GPU, all_ids[:2])
+    assert r.envs[names.ENV_VISIBLE_DEVICES] == ",".join(all_ids[:2])
+    assert ANN_GRANT not in r.annotations
+    # the kubelet following the preference: the scheduler's set, and the pod is marked
+    r = await h.kubelet.allocate(names.RES_TOPOLOGY_GPU, pref)
     assert r.envs[names.ENV_VISIBLE_DEVICES] == uuids(h, [1, 3])
+    assert r.annotations[ANN_GRANT] == "default/t/c0"
     await wait_until(lambda: is_assigned(h.kube.pods[("default", "t")]["metadata"]["annotations"]))
 
 

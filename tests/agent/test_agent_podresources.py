@@ -15,11 +15,12 @@ import os
 import grpc
 import pytest
 from agent_helpers import NODE, Harness, make_pod, short_dir  # noqa: F401
-from agent_kubelet import TestPodResources
+from agent_kubelet import TestPodResources, wait_until
 
-from sharegpu.agent.allocate import ANN_GRANT, Candidate
-from sharegpu.agent.podresources import admitting, kubelet_supported
+from sharegpu.agent.allocate import ANN_GRANT
+from sharegpu.agent.podresources import being_admitted, kubelet_supported
 from sharegpu.core import names
+from sharegpu.core.annotations import is_assigned
 
 MIXED = [("Tesla-T4", 15), ("Tesla-T4", 15), ("Tesla-V100-SXM2-32GB", 32),
          ("Tesla-V100-SXM2-32GB", 32)]
@@ -200,8 +201,6 @@ async def kubelet_admits(h: Harness, pr: TestPodResources, pod: dict, resource: 
     return ids, resp
 
 
-@pytest.mark.xfail(strict=True, reason="issue 40 attack 4: S gets Y's decision, then Z and Y "
-                   "share card 1")
 async def test_exclusive_cards_never_go_to_two_pods(short_dir):
     """Attack 4 of issue 40: a plain ``nvidia.com/gpu: 1`` pod S is admitted on a node that names
     pods while pending pod Y has a decision for card 0. S must get the card the kubelet chose and
@@ -248,22 +247,127 @@ async def test_exclusive_cards_never_go_to_two_pods(short_dir):
         await pr.stop()
 
 
-def test_admitting_is_the_listed_pod_without_devices_of_the_resource():
-    def cand(name: str, container: str = "c0", core: bool = False) -> Candidate:
-        req = frozenset({names.RES_GPU_MEM, names.RES_GPU_CORE} if core
-                        else {names.RES_GPU_MEM})
-        return Candidate(namespace="default", name=name, uid=f"uid-{name}", container=0,
-                         container_name=container, mem={0: 2}, core={0: 30} if core else {},
-                         whole=False, pod_total_mem=2, assume_time=1, required=req)
+async def test_a_named_pod_without_decision_gets_no_shared_gpu_and_only_its_own_cards(short_dir):
+    """The listing names the pod being admitted and it carries no decision: a shared request is
+    refused (never the pending pod's decision, which stays for its own pod), whole cards are
+    exactly the kubelet's. A pod the API does not show yet (a static pod before its mirror pod)
+    is such a pod too."""
+    h, pr = await start(short_dir)
+    try:
+        y = make_pod("y", [{"mem": 2}], alloc={0: {1: 2}}, assume=10)
+        h.kube.add_pod(y)
+        s = plain_pod("s", names.RES_GPU_MEM, 2)
+        h.kube.add_pod(s)
+        free = [i for i, _ in h.kubelet.devices[names.RES_GPU_MEM]]
+        _, refused = await kubelet_admits(h, pr, s, names.RES_GPU_MEM, free, 2)
+        assert isinstance(refused, grpc.aio.AioRpcError)
+        assert "pod default/s, which the kubelet is admitting" in refused.details()
+        assert "carries no sharegpu decision" in refused.details()
+        assert await admit(h, pr, y, free) == "default/y/c0"  # Y's decision is still Y's
+    finally:
+        await h.close()
+        await pr.stop()
+
+
+async def test_a_listed_pod_the_api_does_not_show_gets_only_the_kubelets_cards(short_dir):
+    """A static pod before its mirror pod exists: listed, not in the API, so no decision."""
+    h, pr = await start(short_dir, mode="default")
+    try:
+        static = plain_pod("static", names.RES_NVIDIA_GPU, 1)
+        static["metadata"]["namespace"] = "default"
+        cards = [i for i, _ in h.kubelet.devices[names.RES_NVIDIA_GPU]]
+        h.kube.add_pod(make_pod("w", [{"cards": 1}], alloc={0: {2: 32}},
+                                whole=names.RES_NVIDIA_GPU, assume=5))
+        pr.admit(static)  # listed; the API does not show it
+        ids = await h.kubelet.preferred(names.RES_NVIDIA_GPU, cards, 1)
+        assert ids == cards[:1]  # no one's decision steers it
+        resp = await h.kubelet.allocate(names.RES_NVIDIA_GPU, [cards[2]])
+        assert dict(resp.envs)[names.ENV_VISIBLE_DEVICES] == cards[2]
+        assert ANN_GRANT not in resp.annotations  # W's decision is not handed out
+        assert not is_assigned(h.kube.pods[("default", "w")]["metadata"]["annotations"])
+    finally:
+        await h.close()
+        await pr.stop()
+
+
+async def test_readmission_serves_the_recorded_decision(short_dir):
+    """Issue 41: the kubelet lost its device checkpoint and admits a running, assigned pod
+    again. The listing names it: the preference steers to its decision, and its Allocate gets
+    its decision again, also when the kubelet's devices of the same size lie on another GPU."""
+    h, pr = await start(short_dir)
+    try:
+        p = make_pod("p", [{"mem": 2}], alloc={0: {2: 2}}, assume=10)
+        h.kube.add_pod(p)
+        free = [i for i, _ in h.kubelet.devices[names.RES_GPU_MEM]]
+        assert await admit(h, pr, p, list(free)) == "default/p/c0"
+        await wait_until(lambda: is_assigned(h.kube.pods[("default", "p")]["metadata"]
+                                             ["annotations"]))
+        # the kubelet restarts without its checkpoint: every device is free, P is admitted again
+        pr.pods.clear()
+        assert await admit(h, pr, p, list(free)) == "default/p/c0"
+        # and once more, the kubelet choosing devices on GPU 0 (it did not follow the preference)
+        pr.pods.clear()
+        pr.admit(p)
+        on0 = [i for i in free if h.agent.devices.gpu_of(i) == 0][:2]
+        resp = await h.kubelet.allocate(names.RES_GPU_MEM, on0)
+        assert resp.annotations[ANN_GRANT] == "default/p/c0"
+        assert dict(resp.envs)[names.ENV_VISIBLE_DEVICES] == h.agent.gpus[2].uuid
+        assert dict(resp.envs)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2048m"
+
+    finally:
+        await h.close()
+        await pr.stop()
+
+
+async def test_readmission_of_whole_cards_is_the_decision_or_a_refusal(short_dir):
+    """Whole cards: re-admitted on the decided card; on another card (the kubelet lost its
+    checkpoint and did not follow the preference) refused, saying why."""
+    h, pr = await start(short_dir, mode="default")
+    try:
+        cards = [i for i, _ in h.kubelet.devices[names.RES_NVIDIA_GPU]]
+        x = make_pod("x", [{"cards": 1}], alloc={0: {3: 32}}, whole=names.RES_NVIDIA_GPU,
+                     assume=20)
+        x["metadata"]["annotations"][names.ANN_ASSIGNED] = "true"
+        h.kube.add_pod(x)
+        pr.admit(x)
+        assert await h.kubelet.preferred(names.RES_NVIDIA_GPU, cards, 1) == [cards[3]]
+        resp = await h.kubelet.allocate(names.RES_NVIDIA_GPU, [cards[3]])
+        assert resp.annotations[ANN_GRANT] == "default/x/c0"
+        pr.pods.clear()
+        pr.admit(x)
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await h.kubelet.allocate(names.RES_NVIDIA_GPU, [cards[1]])
+        msg = e.value.details() or ""
+        assert "pod default/x, which the kubelet is admitting" in msg
+        assert "carries sharegpu's decision (c0: GPU 3)" in msg and "GPU 1: 1 card" in msg
+        assert "device checkpoint" in msg and "was the pod scheduled" not in msg
+    finally:
+        await h.close()
+        await pr.stop()
+
+
+def test_being_admitted_is_the_listed_pod_without_devices_of_the_resource():
+    def pod(name: str, core: bool = False) -> dict:
+        p = make_pod(name, [{"mem": 2, "core": 30} if core else {"mem": 2}])
+        return p
 
     listing = {("default", "done"): {"c0": {names.RES_GPU_MEM: frozenset({"x"})}},
                ("default", "now"): {"c0": {}},
-               ("default", "half"): {"c0": {names.RES_GPU_MEM: frozenset({"y"})}}}
-    cands = [cand("done"), cand("now"), cand("later"), cand("half", core=True)]
-    # "later" is not in the kubelet's pod manager yet; "half" holds its memory, not its compute
-    assert admitting(listing, cands, names.RES_GPU_MEM) == {"uid-now"}
-    assert admitting(listing, cands, names.RES_GPU_CORE) == {"uid-half"}
-    assert admitting({}, cands, names.RES_GPU_MEM) == set()
+               ("default", "half"): {"c0": {names.RES_GPU_MEM: frozenset({"y"})}},
+               ("default", "cpu"): {"c0": {}}}
+    pods = [pod("done"), pod("now"), pod("later"), pod("half", core=True), make_pod("cpu", [{}])]
+    # "later" is not in the kubelet's pod manager yet; "half" holds its memory, not its compute;
+    # "cpu" asks for no GPU
+    known, unknown = being_admitted(listing, pods, names.RES_GPU_MEM)
+    assert [n.key for n in known] == ["uid-now"] and unknown == []
+    known, _ = being_admitted(listing, pods, names.RES_GPU_CORE)
+    assert [(n.key, n.ref) for n in known] == [("uid-half", "default/half")]
+    assert known[0].held == {"c0": frozenset({names.RES_GPU_MEM})}
+    assert being_admitted({}, pods, names.RES_GPU_MEM) == ([], [])
+    # a static pod before its mirror pod exists: listed, not in the API
+    known, unknown = being_admitted({("kube-system", "static"): {"c0": {}}}, pods,
+                                    names.RES_NVIDIA_GPU)
+    assert known == [] and [n.ref for n in unknown] == ["kube-system/static"]
 
 
 @pytest.mark.parametrize("version,ok", [("v1.34.0", True), ("v1.37.2", True), ("1.40.1+k3s1", True),
