@@ -23,13 +23,14 @@ from ..core.request import Kind, parse_pod
 from .devices import DeviceMap
 from .isolation import (
     COMPUTE_ENVS,
+    LIMIT_RULE,
     Backend,
     ContainerEnv,
     IsolationConfig,
     disabled,
     isolation_env,
     other_user,
-    overridden_limits,
+    own_limit_routes,
 )
 from .podresources import Named
 
@@ -487,14 +488,14 @@ class Allocator:
         b = Backend.NONE if c.whole or disabled(c.container_spec, node_labels) else backend
         if b is not Backend.NONE and guard is not None:
             guard(b, c)  # fail closed: no isolated GPU without a usable back-end
-        own = overridden_limits(b, c.container_spec)
+        own = own_limit_routes(b, c.container_spec, self.isolation)
         if own:
             raise IsolationUnavailable(
                 f"node {self.node}: isolation back-end {b.value} refuses {c.ref}: the container "
-                f"sets {', '.join(own)} itself, which would replace the limits the agent gives "
-                "it; fix: remove them from the container's env (its limits come from its "
-                "gpu-mem and gpu-core.percentage), or opt it out of isolation with "
-                "CGPU_DISABLE=true", c)
+                f"could set its own limits, replacing those the agent gives it: "
+                f"{'; '.join(own)}. Rule: {LIMIT_RULE}; fix: remove them (its limits come from "
+                "its gpu-mem and gpu-core.percentage; an envFrom prefix that cannot begin those "
+                "variables is fine), or opt it out of isolation with CGPU_DISABLE=true", c)
         user = other_user(c.container_spec, c.pod_spec, self.isolation.mps_user) \
             if b.uses_mps else None
         if user:
