@@ -193,3 +193,75 @@ def test_attack5_own_limits_by_envfrom_or_a_preload_mount_are_refused(
     for n in made:
         delete(cp, n)
 
+
+
+def latest_report(node: RealNode, pod: dict[str, Any], container: str) -> dict[str, Any] | None:
+    """The report of the container's latest start (its newest CRI log file)."""
+    import json
+
+    meta = pod["metadata"]
+    d = node.host_path(f"/var/log/pods/{meta['namespace']}_{meta['name']}_{meta['uid']}"
+                       f"/{container}")
+    logs = sorted(d.glob("*.log"), key=lambda p: int(p.stem) if p.stem.isdigit() else -1)
+    if not logs:
+        return None
+    tag = "SHAREGPU-REPORT "
+    message = ""
+    for line in logs[-1].read_text(errors="replace").splitlines():
+        parts = line.split(" ", 3)
+        if len(parts) != 4:
+            continue
+        message += parts[3]
+        if parts[2] == "P":
+            continue
+        if message.startswith(tag):
+            return json.loads(message[len(tag):])
+        message = ""
+    return None
+
+
+def test_lost_checkpoint_readmits_the_pod_with_its_own_share(real_release: RealNodeCluster,
+                                                              gpu_node: RealNode) -> None:
+    """Issue 41, fault 1: a pod placed by sharegpu (restartPolicy Always, 2 GiB) runs and is
+    marked assigned; the kubelet is killed, the pod's container killed, the kubelet's device
+    checkpoint deleted, the kubelet started. The kubelet admits the pod again and calls
+    Allocate; the agent serves the recorded decision: the pod runs again with its own share."""
+    from .nodepods import compare
+
+    cluster, cp = real_release, real_release.cp
+    set_mode(cluster, gpu_node, "cgpu")
+    image = cluster.refs["SHAREGPU_REF"]
+    uuids = node_uuids(gpu_node)
+    obj = gpu_pod("r41-a", [{MEM: 2}], node=gpu_node.name, image=image)
+    obj["spec"]["restartPolicy"] = "Always"
+    status, body = create(cp, WORKLOADS, obj)
+    assert status == 201, body
+    pod = wait("r41-a Running and marked assigned", lambda: (p := get_pod(cp, WORKLOADS, "r41-a"))
+               and ready(p) and annotations.is_assigned(p["metadata"].get("annotations") or {})
+               and p, 180)
+    restarts = pod["status"]["containerStatuses"][0].get("restartCount", 0)
+    cid = pod["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
+    gpu_node.stop_kubelet()
+    try:
+        assert gpu_node.ctr("tasks", "kill", "-s", "SIGKILL", cid) is not None
+        checkpoint = gpu_node.host_path(
+            "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint")
+        assert checkpoint.exists()
+        checkpoint.unlink()
+    finally:
+        gpu_node.start_kubelet()
+
+    def back() -> dict[str, Any] | None:
+        p = get_pod(cp, WORKLOADS, "r41-a")
+        assert p is not None and p["status"].get("phase") != "Failed", (
+            f"r41-a failed: {p and p['status'].get('message')}")
+        st = (p["status"].get("containerStatuses") or [{}])[0]
+        return p if ready(p) and st.get("restartCount", 0) > restarts else None
+
+    pod = wait("r41-a Running again after the lost checkpoint", back, 180)
+    got = latest_report(gpu_node, pod, "c0")
+    check = compare(pod, 0, got, "cgpu", uuids)
+    print(f"\nlost checkpoint: r41-a restarted {pod['status']['containerStatuses'][0]['restartCount']}"
+          f" time(s), mismatches {check.mismatches}", file=sys.stderr)
+    assert not check.mismatches, check.mismatches
+    delete(cp, "r41-a")
