@@ -394,7 +394,7 @@ class Allocator:
             if resource in WHOLE_RESOURCES:
                 unit = " card"
             shape = ", ".join(f"GPU {g}: {v}{unit}" for g, v in sorted(want.items()))
-            if named is not None and mine:
+            if named is not None and any(resource in c.required for c in mine):
                 raise AllocationError(self._cannot_carry(resource, named, mine, shape))
             if resource in WHOLE_RESOURCES or resource == names.RES_GPU_COUNT:
                 gpus = tuple(sorted(want))
