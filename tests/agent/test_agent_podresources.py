@@ -319,6 +319,30 @@ async def test_readmission_serves_the_recorded_decision(short_dir):
         await pr.stop()
 
 
+async def test_readmission_of_a_two_container_pod_serves_each_container_its_own(short_dir):
+    """A marked pod of two containers on two GPUs, admitted again container by container: the
+    listing shows what each already holds, so each gets its own decision."""
+    h, pr = await start(short_dir)
+    try:
+        p = make_pod("two", [{"mem": 2}, {"mem": 3}], alloc={0: {1: 2}, 1: {3: 3}}, assume=10)
+        p["metadata"]["annotations"][names.ANN_ASSIGNED] = "true"
+        h.kube.add_pod(p)
+        free = [i for i, _ in h.kubelet.devices[names.RES_GPU_MEM]]
+        pr.admit(p)
+        for c, (gpu, size) in enumerate([(1, 2), (3, 3)]):
+            ids = await h.kubelet.preferred(names.RES_GPU_MEM, free, size)
+            assert {h.agent.devices.gpu_of(i) for i in ids} == {gpu}
+            resp = await h.kubelet.allocate(names.RES_GPU_MEM, ids)
+            assert resp.annotations[ANN_GRANT] == f"default/two/c{c}"
+            assert dict(resp.envs)[names.ENV_VISIBLE_DEVICES] == h.agent.gpus[gpu].uuid
+            pr.record(p, f"c{c}", names.RES_GPU_MEM, ids)
+            for i in ids:
+                free.remove(i)
+    finally:
+        await h.close()
+        await pr.stop()
+
+
 async def test_readmission_of_whole_cards_is_the_decision_or_a_refusal(short_dir):
     """Whole cards: re-admitted on the decided card; on another card (the kubelet lost its
     checkpoint and did not follow the preference) refused, saying why."""
