@@ -269,6 +269,29 @@ async def test_a_named_pod_without_decision_gets_no_shared_gpu_and_only_its_own_
         await pr.stop()
 
 
+async def test_several_listed_pods_one_without_decision_get_no_decision(short_dir):
+    """The listing shows two pods waiting for devices (one kubelet admits one at a time; here
+    the test makes it happen), one of them without a decision: the request may be that one's,
+    so no decision is handed out."""
+    h, pr = await start(short_dir)
+    try:
+        y = make_pod("y", [{"mem": 2}], alloc={0: {1: 2}}, assume=10)
+        s = plain_pod("s", names.RES_GPU_MEM, 2)
+        for p in (y, s):
+            h.kube.add_pod(p)
+            pr.admit(p)
+        on1 = [i for i, _ in h.kubelet.devices[names.RES_GPU_MEM]
+               if h.agent.devices.gpu_of(i) == 1][:2]
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await h.kubelet.allocate(names.RES_GPU_MEM, on1)
+        assert "pod one of default/s, default/y, which the kubelet is admitting" \
+            in e.value.details()
+        assert not is_assigned(h.kube.pods[("default", "y")]["metadata"]["annotations"])
+    finally:
+        await h.close()
+        await pr.stop()
+
+
 async def test_a_listed_pod_the_api_does_not_show_gets_only_the_kubelets_cards(short_dir):
     """A static pod before its mirror pod exists: listed, not in the API, so no decision."""
     h, pr = await start(short_dir, mode="default")

@@ -84,6 +84,13 @@ class Allocations:
         if not known and unknown:  # pods the API does not show carry no decision
             refs = ", ".join(sorted(n.ref for n in unknown))
             return cands, Named(key=f"(not in the API: {refs})", ref=refs), True
+        if known:  # several (one kubelet admits one pod at a time): one of them, no other
+            keys = {n.key for n in known}
+            decided_keys = {c.pod_key for c in decided}
+            if not keys <= decided_keys:  # one of them has no decision: no decision is served
+                refs = ", ".join(sorted(n.ref for n in known))
+                return cands, Named(key=f"(one of: {refs})", ref=f"one of {refs}"), True
+            cands = [c for c in decided if c.pod_key in keys]
         return cands, None, not self.naming.promised
 
     async def preferred(
