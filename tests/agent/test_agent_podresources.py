@@ -233,6 +233,9 @@ async def test_exclusive_cards_never_go_to_two_pods(short_dir):
         run(s, resp, ids)
         ids, resp = await kubelet_admits(h, pr, y, res, free, 1)
         run(y, resp, ids)
+        # S was steered off the card Y's decision names: Y runs on its own card
+        assert not isinstance(resp, grpc.aio.AioRpcError), resp
+        assert ids == [card[0]]
         # S ends; the extender places Z on the card it believes free
         h.kube.pods.pop(("default", "s"))
         pr.pods.pop(("default", "s"))

@@ -322,10 +322,15 @@ class Allocator:
     ) -> list[str]:
         """Devices to steer the kubelet to: those on the GPUs the scheduler chose for the pod
         container this request most likely belongs to (of pod ``named``, the pod the kubelet's
-        pod-resources listing names, when known); the kubelet's own order otherwise."""
+        pod-resources listing names, when known); the kubelet's own order otherwise, for whole
+        cards of a named pod without a decision first the cards no pending decision names."""
+        everyone = candidates
         if named is not None:
             candidates = [c for c in candidates if c.pod_key == named.key]
-        fallback = list(must_include) + [d for d in available if d not in set(must_include)]
+        order = list(available)
+        if named is not None and not candidates and resource in WHOLE_RESOURCES:
+            order.sort(key=lambda d: self._decided_card(d, everyone, resource))
+        fallback = list(must_include) + [d for d in order if d not in set(must_include)]
         fallback = fallback[:size]
         with self._lock:
             if named is not None:
@@ -347,6 +352,16 @@ class Allocator:
             if picked is not None:
                 return picked
         return fallback
+
+    def _decided_card(self, device_id: str, candidates: Sequence[Candidate],
+                      resource: str) -> bool:
+        """Whether the card of ``device_id`` is in a decision not yet handed out."""
+        try:
+            g = self.devices.gpu_of(device_id)
+        except ValidationError:
+            return False
+        return any(c.whole and g in c.mem and not self.ledger.has(c, resource)
+                   for c in candidates)
 
     def allocate(
         self,
