@@ -74,6 +74,16 @@ def test_attack4_exclusive_cards_never_serve_two_pods(real_release: RealNodeClus
                 scheduler="default-scheduler")
     del s["spec"]["nodeSelector"]
     s["spec"]["nodeName"] = gpu_node.name
+    try:
+        _attack4(cp, gpu_node, s, image, uuids)
+    finally:  # the next test wants the node empty, whatever happened here
+        for n in ("a4-s", "a4-y", "a4-z"):
+            if get_pod(cp, WORKLOADS, n) is not None:
+                delete(cp, n)
+
+
+def _attack4(cp: Any, gpu_node: RealNode, s: dict[str, Any], image: str,
+             uuids: list[str]) -> None:
     gpu_node.stop_kubelet()
     try:
         status, body = create(cp, WORKLOADS, s)
@@ -111,9 +121,6 @@ def test_attack4_exclusive_cards_never_serve_two_pods(real_release: RealNodeClus
         for card in visible.split(","):
             assert card not in holders, f"{n} and {holders[card]} both run on {card}"
             holders[card] = n
-    for n in ("a4-y", "a4-z"):
-        if get_pod(cp, WORKLOADS, n) is not None:
-            delete(cp, n)
 
 
 def _configmap(cp: Any, name: str, data: dict[str, str]) -> None:
