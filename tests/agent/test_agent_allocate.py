@@ -305,9 +305,15 @@ async def test_topology_uses_the_scheduler_set(harness):
     all_ids = [i for i, _ in h.kubelet.devices[names.RES_TOPOLOGY_GPU]]
     pref = await h.kubelet.preferred(names.RES_TOPOLOGY_GPU, all_ids, 2)
     assert sorted(pref) == sorted([h.agent.gpus[1].uuid, h.agent.gpus[3].uuid])
-    # even if the kubelet picks other cards, the container gets the scheduler's set
+    # where the kubelet picks other cards, the container gets the kubelet's: cards it gave
+    # nobody else, where the scheduler's set may be held by another pod (issue 40, attack 4)
     r = await h.kubelet.allocate(names.RES_TOPOLOGY_GPU, all_ids[:2])
+    assert r.envs[names.ENV_VISIBLE_DEVICES] == ",".join(all_ids[:2])
+    assert ANN_GRANT not in r.annotations
+    # the kubelet following the preference: the scheduler's set, and the pod is marked
+    r = await h.kubelet.allocate(names.RES_TOPOLOGY_GPU, pref)
     assert r.envs[names.ENV_VISIBLE_DEVICES] == uuids(h, [1, 3])
+    assert r.annotations[ANN_GRANT] == "default/t/c0"
     await wait_until(lambda: is_assigned(h.kube.pods[("default", "t")]["metadata"]["annotations"]))
 
 
@@ -328,3 +334,38 @@ async def test_concurrent_calls_share_lists_but_never_read_an_older_one(harness)
     assert late.annotations[ANN_GRANT] == "default/late/c0"
     assert sorted(r.annotations[ANN_GRANT] for r in done) == [f"default/q{i}/c0" for i in range(8)]
     assert h.kube.lists - before <= 4  # 9 calls, a handful of lists
+
+
+async def test_a_container_that_could_set_its_limits_by_envfrom_or_a_mount_is_refused(harness):
+    """Issue 40, attack 5: ``envFrom`` of a ConfigMap (the agent cannot read its keys) or a
+    mount over the loader's preload list would replace HAMi-core's limits: refused by the
+    agent, naming the field and the rule; a prefix that cannot begin a limit variable passes."""
+    h = await harness(gpus=MIXED, mode="cgpu")
+    pool = free_pool(h)
+    bad = make_pod("envfrom", [{"mem": 2}], alloc={0: {0: 2}}, assume=1)
+    bad["spec"]["containers"][0]["envFrom"] = [{"configMapRef": {"name": "limits"}}]
+    h.kube.add_pod(bad)
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await h.kubelet.allocate(names.RES_GPU_MEM, take(pool, {0: 2}))
+    assert "refuses default/envfrom/c0" in e.value.details()
+    assert "envFrom[0] (configMapRef limits, no prefix" in e.value.details()
+    assert "Rule: a container under isolation gets its limits from the agent alone" \
+        in e.value.details()
+    h.kube.pods.pop(("default", "envfrom"))
+
+    mount = make_pod("mount", [{"mem": 2}], alloc={0: {1: 2}}, assume=2)
+    mount["spec"]["containers"][0]["volumeMounts"] = [
+        {"name": "mine", "mountPath": "/etc/ld.so.preload", "subPath": "empty"}]
+    h.kube.add_pod(mount)
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await h.kubelet.allocate(names.RES_GPU_MEM, take(pool, {1: 2}))
+    assert "volumeMounts[0] at /etc/ld.so.preload" in e.value.details()
+    h.kube.pods.pop(("default", "mount"))
+
+    ok = make_pod("prefixed", [{"mem": 2}], alloc={0: {2: 2}}, assume=3)
+    ok["spec"]["containers"][0]["envFrom"] = [{"configMapRef": {"name": "app"},
+                                               "prefix": "APP_"}]
+    h.kube.add_pod(ok)
+    r = await h.kubelet.allocate(names.RES_GPU_MEM, take(pool, {2: 2}))
+    assert r.annotations[ANN_GRANT] == "default/prefixed/c0"
+    assert r.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2048m"

@@ -36,6 +36,7 @@ from sharegpu.agent.isolation import (
     isolation_env,
     other_user,
     overridden_limits,
+    own_limit_routes,
     parse_core_mem,
     parse_policy,
 )
@@ -136,8 +137,44 @@ def test_a_container_setting_the_limits_itself_is_named():
     assert overridden_limits(Backend.MPS, spec) == ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
                                                     "CUDA_MPS_PIPE_DIRECTORY"]
     assert overridden_limits(Backend.NONE, spec) == []
-    # its own LD_PRELOAD is no problem: the loader's preload list loads HAMi-core anyway
+    # LD_PRELOAD is no limit variable; own_limit_routes refuses it (below)
     assert overridden_limits(Backend.HAMI_MPS, {"env": spec["env"][:1]}) == []
+
+
+def test_every_route_to_its_own_limits_is_named():
+    """Issue 40, attack 5: env, envFrom (ConfigMap or Secret, with or without a prefix that
+    could begin a limit variable), LD_PRELOAD, and mounts over the back-end's paths."""
+    cfg = IsolationConfig()
+    spec = {
+        "env": [{"name": "LD_PRELOAD", "value": "/x.so"}, {"name": "HOME", "value": "/"}],
+        "envFrom": [{"configMapRef": {"name": "app"}},
+                    {"secretRef": {"name": "s"}, "prefix": "CUDA_MPS_"},
+                    {"configMapRef": {"name": "safe"}, "prefix": "APP_"},
+                    {"configMapRef": {"name": "c"}, "prefix": "CUDA_"},
+                    {"secretRef": {"name": "l"}, "prefix": "LD_"}],
+        "volumeMounts": [{"name": "v", "mountPath": "/etc/ld.so.preload"},
+                         {"name": "t", "mountPath": "/tmp"},
+                         {"name": "p", "mountPath": "/tmp/nvidia-mps/control"},
+                         {"name": "l", "mountPath": "/usr/local/vgpu//libvgpu.so/"},
+                         {"name": "e", "mountPath": "/etc"}],
+    }
+    assert own_limit_routes(Backend.HAMI, spec, cfg) == [
+        "env LD_PRELOAD",
+        "envFrom[0] (configMapRef app, no prefix: its keys are not known to the agent)",
+        "envFrom[3] (configMapRef c, prefix 'CUDA_': its keys are not known to the agent)",
+        "envFrom[4] (secretRef l, prefix 'LD_': its keys are not known to the agent)",
+        "volumeMounts[0] at /etc/ld.so.preload (over /etc/ld.so.preload)",
+        "volumeMounts[3] at /usr/local/vgpu//libvgpu.so/ (over /usr/local/vgpu/libvgpu.so)"]
+    mps = own_limit_routes(Backend.MPS, spec, cfg)
+    assert "envFrom[1] (secretRef s, prefix 'CUDA_MPS_': its keys are not known to the agent)" \
+        in mps
+    assert "volumeMounts[2] at /tmp/nvidia-mps/control (over /tmp/nvidia-mps)" in mps
+    assert not any("/etc/ld.so.preload" in r for r in mps)  # MPS alone preloads nothing
+    # a parent directory is fine: the runtime mounts the deeper path on top
+    assert not any(r.startswith(("volumeMounts[1]", "volumeMounts[4]")) for r in mps)
+    assert own_limit_routes(Backend.NONE, spec, cfg) == []
+    assert own_limit_routes(Backend.HAMI, {"envFrom": [{"configMapRef": {"name": "a"},
+                                                        "prefix": "APP_"}]}, cfg) == []
 
 
 def test_a_container_of_another_user_than_the_mps_daemons_is_named():
@@ -259,10 +296,14 @@ async def test_a_container_that_sets_the_limits_itself_is_refused(harness, mps_d
     err = await allocate_error(h, names.RES_GPU_MEM, mem_ids(h, 1, 4))
     assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert err.details() == (
-        f"node {NODE}: isolation back-end hami-mps refuses default/own/c0: the container sets "
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE itself, which would replace the limits the agent "
-        "gives it; fix: remove them from the container's env (its limits come from its "
-        "gpu-mem and gpu-core.percentage), or opt it out of isolation with CGPU_DISABLE=true")
+        f"node {NODE}: isolation back-end hami-mps refuses default/own/c0: the container could "
+        "set its own limits, replacing those the agent gives it: env "
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE; env LD_PRELOAD. Rule: a container under isolation "
+        "gets its limits from the agent alone: it may not set the back-end's variables (env, or "
+        "envFrom that could hold them), LD_PRELOAD, or mount anything at the back-end's paths; "
+        "fix: remove them (its limits come from its gpu-mem and gpu-core.percentage; an "
+        "envFrom prefix that cannot begin those variables is fine), or opt it out of isolation "
+        "with CGPU_DISABLE=true")
     (ev,) = h.kube.events
     assert ev["reason"] == "GPUIsolationUnavailable" and ev["involvedObject"]["name"] == "own"
     # opted out, it gets only its GPU

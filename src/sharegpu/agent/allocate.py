@@ -23,14 +23,16 @@ from ..core.request import Kind, parse_pod
 from .devices import DeviceMap
 from .isolation import (
     COMPUTE_ENVS,
+    LIMIT_RULE,
     Backend,
     ContainerEnv,
     IsolationConfig,
     disabled,
     isolation_env,
     other_user,
-    overridden_limits,
+    own_limit_routes,
 )
+from .podresources import Named
 
 log = logging.getLogger(__name__)
 
@@ -107,9 +109,11 @@ class Grant:
     annotations: dict[str, str]
 
 
-def pending_candidates(pods: Iterable[Mapping[str, Any]], node: str) -> list[Candidate]:
+def pending_candidates(pods: Iterable[Mapping[str, Any]], node: str, *,
+                       assigned: bool = False) -> list[Candidate]:
     """Every GPU container of every pod bound to ``node`` whose decision is recorded but not yet
-    assigned. A pod with a malformed spec or annotation is skipped (logged), never fatal."""
+    assigned (``assigned``: assigned too). A pod with a malformed spec or annotation is skipped
+    (logged), never fatal."""
     out: list[Candidate] = []
     for pod in pods:
         meta = pod.get("metadata") or {}
@@ -117,7 +121,7 @@ def pending_candidates(pods: Iterable[Mapping[str, Any]], node: str) -> list[Can
         if spec.get("nodeName") != node or is_terminated(pod):
             continue
         ann = meta.get("annotations") or {}
-        if is_assigned(ann):
+        if is_assigned(ann) and not assigned:
             continue
         try:
             alloc = decode(ann)
@@ -206,6 +210,19 @@ class Ledger:
             for k in [k for k in self._given if k[0] == p]:
                 del self._given[k]
 
+    def sync(self, pod_key: str, held: Mapping[tuple[str, int], frozenset[str]],
+             now: float) -> None:
+        """The kubelet's listing shows what each container of the pod holds (``held``, by
+        ``Candidate.key``): that, and nothing else, is what the pod was handed. A pod the kubelet
+        admits again (a restart that lost its device checkpoint) is open again."""
+        self._done.pop(pod_key, None)
+        for k in [k for k in self._given if k[0] == pod_key]:
+            del self._given[k]
+        for k, rs in held.items():
+            if rs:
+                self._given[k] = set(rs)
+                self._since.setdefault(pod_key, now)
+
     def pod_done(self, candidates: Sequence[Candidate], pod_key: str) -> bool:
         """Whether every GPU container of the pod has had all its resources handed out."""
         mine = [c for c in candidates if c.pod_key == pod_key]
@@ -281,6 +298,8 @@ class Allocator:
             free = [c for c in free if not c.whole]
         if exact:
             return [c for c in free if c.signature(resource) == dict(want)]
+        if resource in WHOLE_RESOURCES:
+            return []  # cards are the kubelet's to give: a decision on other cards does not match
         total = sum(want.values())
         return [c for c in free if sum(c.signature(resource).values()) == total
                 and len(c.signature(resource)) == len(want)]
@@ -299,16 +318,23 @@ class Allocator:
         available: Sequence[str],
         must_include: Sequence[str],
         size: int,
-        named: str | None = None,
+        named: Named | None = None,
     ) -> list[str]:
         """Devices to steer the kubelet to: those on the GPUs the scheduler chose for the pod
         container this request most likely belongs to (of pod ``named``, the pod the kubelet's
-        pod-resources listing names, when known); the kubelet's own order otherwise."""
+        pod-resources listing names, when known); the kubelet's own order otherwise, for whole
+        cards of a named pod without a decision first the cards no pending decision names."""
+        everyone = candidates
         if named is not None:
-            candidates = [c for c in candidates if c.pod_key == named]
-        fallback = list(must_include) + [d for d in available if d not in set(must_include)]
+            candidates = [c for c in candidates if c.pod_key == named.key]
+        order = list(available)
+        if named is not None and not candidates and resource in WHOLE_RESOURCES:
+            order.sort(key=lambda d: self._decided_card(d, everyone, resource))
+        fallback = list(must_include) + [d for d in order if d not in set(must_include)]
         fallback = fallback[:size]
         with self._lock:
+            if named is not None:
+                self._sync(named, candidates, time.monotonic())
             def sized(cs: Sequence[Candidate]) -> list[Candidate]:
                 return sorted((
                     c for c in cs
@@ -327,6 +353,16 @@ class Allocator:
                 return picked
         return fallback
 
+    def _decided_card(self, device_id: str, candidates: Sequence[Candidate],
+                      resource: str) -> bool:
+        """Whether the card of ``device_id`` is in a decision not yet handed out."""
+        try:
+            g = self.devices.gpu_of(device_id)
+        except ValidationError:
+            return False
+        return any(c.whole and g in c.mem and not self.ledger.has(c, resource)
+                   for c in candidates)
+
     def allocate(
         self,
         resource: str,
@@ -336,14 +372,15 @@ class Allocator:
         backend: Backend,
         node_labels: Mapping[str, str],
         guard: Guard | None = None,
-        named: str | None = None,
+        named: Named | None = None,
         sure: bool = True,
     ) -> tuple[Grant, bool]:
         """The grant for one container request, and whether its pod is now fully handed out
         (time to mark it assigned). Raises :class:`AllocationError` with the reason, and
         :class:`IsolationUnavailable` (nothing recorded) when ``guard`` refuses the back-end.
         ``named``: the pod the kubelet's pod-resources listing names (only its containers
-        match); ``sure``: as :meth:`_match`."""
+        match, and it alone); ``sure``: as :meth:`_match`. Whole cards are exactly the cards
+        the kubelet's device IDs name."""
         if not device_ids:
             raise AllocationError(f"{resource}: the kubelet asked for no devices")
         try:
@@ -355,7 +392,10 @@ class Allocator:
         with self._lock:
             now = time.monotonic()
             self.ledger.prune({k.pod_key for k in candidates}, now)
-            mine = candidates if named is None else [c for c in candidates if c.pod_key == named]
+            mine = candidates
+            if named is not None:
+                mine = [c for c in candidates if c.pod_key == named.key]
+                self._sync(named, mine, now)
             c = self._match(mine, resource, want, sure)
             if c is not None:
                 # build the answer first: a decision that cannot be served is not handed out
@@ -365,11 +405,22 @@ class Allocator:
                 if done:
                     self.ledger.finish(c.pod_key, now)
         if c is None:
+            unit = "%" if resource == names.RES_GPU_CORE else " GiB"
+            if resource in WHOLE_RESOURCES:
+                unit = " card"
+            shape = ", ".join(f"GPU {g}: {v}{unit}" for g, v in sorted(want.items()))
+            if named is not None and any(resource in c.required for c in mine):
+                raise AllocationError(self._cannot_carry(resource, named, mine, shape))
             if resource in WHOLE_RESOURCES or resource == names.RES_GPU_COUNT:
                 gpus = tuple(sorted(want))
                 return self._plain_grant(gpus), False
-            unit = "%" if resource == names.RES_GPU_CORE else " GiB"
-            shape = ", ".join(f"GPU {g}: {v}{unit}" for g, v in sorted(want.items()))
+            if named is not None:
+                raise AllocationError(
+                    f"{resource}: pod {named.ref}, which the kubelet is admitting on node "
+                    f"{self.node} (its pod-resources listing names it), carries no sharegpu "
+                    "decision for this node, and a shared GPU is given only by one; refusing "
+                    "it: schedule it with the sharegpu extender (its scheduler, not "
+                    "spec.nodeName), or ask for whole cards")
             raise AllocationError(
                 f"{resource}: no pending pod on node {self.node} has a container that the "
                 f"scheduler placed like this request ({shape}); was the pod scheduled by the "
@@ -377,6 +428,36 @@ class Allocator:
             )
         assert grant is not None
         return grant, done
+
+    def _sync(self, named: Named, mine: Sequence[Candidate], now: float) -> None:
+        """Make the ledger of the pod the kubelet is admitting what the kubelet's listing shows
+        its containers hold."""
+        self.ledger.sync(named.key, {
+            c.key: named.held.get(c.container_name, frozenset()) & c.required for c in mine
+        }, now)
+
+    def _cannot_carry(self, resource: str, named: Named, mine: Sequence[Candidate],
+                      shape: str) -> str:
+        decided = "; ".join(
+            f"{c.container_name or c.container}: "
+            + ", ".join(f"GPU {g}" for g in sorted(c.signature(resource)))
+            for c in mine if resource in c.required)
+        held = [c for c in mine if resource in c.required and self.ledger.has(c, resource)]
+        if held and len(held) == len([c for c in mine if resource in c.required]):
+            why = (f"the kubelet's listing shows every container of it already holding "
+                   f"{resource}")
+        elif resource in WHOLE_RESOURCES:
+            why = ("whole cards are only the cards the kubelet gives (giving others would put "
+                   "two pods on one card); the kubelet offered other cards because it holds the "
+                   "decided ones for another pod, or it lost its device checkpoint and did not "
+                   "follow the preference")
+        else:
+            why = ("the kubelet's devices differ from the decision in size (did the pod's "
+                   "requests change?)")
+        return (f"{resource}: pod {named.ref}, which the kubelet is admitting on node "
+                f"{self.node}, carries sharegpu's decision ({decided}), but the kubelet's "
+                f"devices ({shape}) cannot carry it: {why}; refusing: the kubelet fails this "
+                "pod's admission (UnexpectedAdmissionError) and its controller makes a new one")
 
     # --- responses ---
     def grant(
@@ -422,14 +503,14 @@ class Allocator:
         b = Backend.NONE if c.whole or disabled(c.container_spec, node_labels) else backend
         if b is not Backend.NONE and guard is not None:
             guard(b, c)  # fail closed: no isolated GPU without a usable back-end
-        own = overridden_limits(b, c.container_spec)
+        own = own_limit_routes(b, c.container_spec, self.isolation)
         if own:
             raise IsolationUnavailable(
                 f"node {self.node}: isolation back-end {b.value} refuses {c.ref}: the container "
-                f"sets {', '.join(own)} itself, which would replace the limits the agent gives "
-                "it; fix: remove them from the container's env (its limits come from its "
-                "gpu-mem and gpu-core.percentage), or opt it out of isolation with "
-                "CGPU_DISABLE=true", c)
+                f"could set its own limits, replacing those the agent gives it: "
+                f"{'; '.join(own)}. Rule: {LIMIT_RULE}; fix: remove them (its limits come from "
+                "its gpu-mem and gpu-core.percentage; an envFrom prefix that cannot begin those "
+                "variables is fine), or opt it out of isolation with CGPU_DISABLE=true", c)
         user = other_user(c.container_spec, c.pod_spec, self.isolation.mps_user) \
             if b.uses_mps else None
         if user:

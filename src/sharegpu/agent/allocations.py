@@ -27,7 +27,7 @@ from .isolationwatch import IsolationWatch
 from .kube import KubeApi
 from .marks import Marks
 from .nodemode import NodeMode
-from .podresources import PodNaming, admitting
+from .podresources import Named, PodNaming, being_admitted
 
 log = logging.getLogger(__name__)
 
@@ -56,31 +56,45 @@ class Allocations:
         self.named = 0
         # resource -> (devices the last preference returned, the pod it named): the kubelet's
         # Allocate of exactly those devices follows it for the same container
-        self._steered: dict[str, tuple[frozenset[str], str]] = {}
+        self._steered: dict[str, tuple[frozenset[str], Named]] = {}
         self._background: set[asyncio.Task] = set()
 
     async def _candidates(self, resource: str, steered: frozenset[str] = frozenset()
-                          ) -> tuple[list[Candidate], str | None, bool]:
+                          ) -> tuple[list[Candidate], Named | None, bool]:
         """The pending GPU containers of the node; the pod the kubelet is admitting, when its
-        pod-resources listing names one; and whether matching is sure without it (the node made
-        no promise to name pods, so the scheduler kept look-alike pods apart). ``steered``: the
-        devices of an Allocate; when the preference just before returned exactly those, the pod
-        it named is this one's (one listing per container, not two)."""
-        cands = pending_candidates(await self.pods.get(), self.node_name)
-        if self.naming is None or not cands:
+        pod-resources listing names one (with or without a decision; its containers are among
+        the candidates even when it is marked assigned: the kubelet admits it again); and
+        whether matching is sure without it (the node made no promise to name pods, so the
+        scheduler kept look-alike pods apart). ``steered``: the devices of an Allocate; when the
+        preference just before returned exactly those, the pod it named is this one's (one
+        listing per container, not two)."""
+        pods = await self.pods.get()
+        cands = pending_candidates(pods, self.node_name)
+        if self.naming is None:
             return cands, None, True
+        decided = pending_candidates(pods, self.node_name, assigned=True)
         last = self._steered.pop(resource, None)
-        if last is not None and steered and last[0] == steered \
-                and any(c.pod_key == last[1] for c in cands):
-            return cands, last[1], True
+        if last is not None and steered and last[0] == steered:
+            return _with(cands, decided, last[1]), last[1], True
         try:
             listing = await self.naming.client.list()
         except (grpc.aio.AioRpcError, TimeoutError) as e:
             log.warning("%s: the kubelet's pod-resources API did not answer: %s", resource, e)
             return cands, None, not self.naming.promised
-        pods = admitting(listing, cands, resource)
-        if len(pods) == 1:
-            return cands, next(iter(pods)), True
+        # The listing answered: it is the truth about which pod is being admitted.
+        known, unknown = being_admitted(listing, pods, resource)
+        if len(known) == 1:
+            return _with(cands, decided, known[0]), known[0], True
+        if not known and unknown:  # pods the API does not show carry no decision
+            refs = ", ".join(sorted(n.ref for n in unknown))
+            return cands, Named(key=f"(not in the API: {refs})", ref=refs), True
+        if known:  # several (one kubelet admits one pod at a time): one of them, no other
+            keys = {n.key for n in known}
+            decided_keys = {c.pod_key for c in decided}
+            if not keys <= decided_keys:  # one of them has no decision: no decision is served
+                refs = ", ".join(sorted(n.ref for n in known))
+                return cands, Named(key=f"(one of: {refs})", ref=f"one of {refs}"), True
+            cands = [c for c in decided if c.pod_key in keys]
         return cands, None, not self.naming.promised
 
     async def preferred(
@@ -159,3 +173,9 @@ class Allocations:
             )
         except Exception as e:
             log.warning("event for %s/%s not written: %s", c.namespace, c.name, e)
+
+
+def _with(cands: list[Candidate], decided: list[Candidate], named: Named) -> list[Candidate]:
+    """The pending containers, and those of the named pod when it is marked assigned."""
+    have = {c.key for c in cands}
+    return cands + [c for c in decided if c.pod_key == named.key and c.key not in have]

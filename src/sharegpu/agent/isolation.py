@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum, StrEnum
@@ -288,6 +289,70 @@ def overridden_limits(backend: Backend, container: Mapping[str, Any]) -> list[st
         if backend.uses_mps and name.startswith(MPS_LIMIT_PREFIX):
             out.add(name)
     return sorted(out)
+
+
+LIMIT_RULE = ("a container under isolation gets its limits from the agent alone: it may not set "
+              "the back-end's variables (env, or envFrom that could hold them), LD_PRELOAD, or "
+              "mount anything at the back-end's paths")
+
+
+def _could_name(prefix: str, backend: Backend) -> bool:
+    """Whether ``prefix`` + some key can be a limit variable of ``backend`` or ``LD_PRELOAD``."""
+    names_: list[str] = ["LD_PRELOAD"]
+    prefixes: list[str] = []
+    if backend.uses_hami:
+        names_ += list(HAMI_LIMIT_ENVS)
+        prefixes.append(HAMI_LIMIT_PREFIX)
+    if backend.uses_mps:
+        prefixes.append(MPS_LIMIT_PREFIX)
+    return any(n.startswith(prefix) for n in names_ + prefixes) or \
+        any(prefix.startswith(p) for p in prefixes)
+
+
+def limit_paths(backend: Backend, config: IsolationConfig) -> tuple[str, ...]:
+    """The container paths whose content enforces ``backend``'s limits."""
+    out: list[str] = []
+    if backend.uses_hami:
+        out += [PRELOAD_LIST, HAMI_CONTAINER_LIBRARY]
+    if backend.uses_mps:
+        out.append(config.mps_container_pipe_dir)
+    return tuple(out)
+
+
+def own_limit_routes(backend: Backend, container: Mapping[str, Any],
+                     config: IsolationConfig) -> list[str]:
+    """Every route by which ``container`` (a pod spec's container) could set ``backend``'s
+    limits itself, each naming its field: a limit variable or ``LD_PRELOAD`` in ``env``; an
+    ``envFrom`` source whose keys (the agent reads no ConfigMap or Secret) could, with its
+    ``prefix``, be one; a volume mounted at, or under, a path the back-end's limits rely on
+    (the loader's preload list, HAMi-core's library, the MPS pipe directory). Empty for
+    ``Backend.NONE``."""
+    if backend is Backend.NONE:
+        return []
+    out = [f"env {n}" for n in overridden_limits(backend, container)]
+    for e in container.get("env") or []:
+        if isinstance(e, Mapping) and e.get("name") == "LD_PRELOAD":
+            out.append("env LD_PRELOAD")
+    for i, src in enumerate(container.get("envFrom") or []):
+        if not isinstance(src, Mapping):
+            continue
+        prefix = str(src.get("prefix") or "")
+        if not _could_name(prefix, backend):
+            continue
+        kind = next((k for k in ("configMapRef", "secretRef") if k in src), "source")
+        ref = src.get(kind) if isinstance(src.get(kind), Mapping) else {}
+        what = f"{kind} {ref.get('name') or '(unnamed)'}"
+        how = f"prefix {prefix!r}" if prefix else "no prefix"
+        out.append(f"envFrom[{i}] ({what}, {how}: its keys are not known to the agent)")
+    paths = limit_paths(backend, config)
+    for i, m in enumerate(container.get("volumeMounts") or []):
+        if not isinstance(m, Mapping):
+            continue
+        at = posixpath.normpath("/" + str(m.get("mountPath") or "").strip().lstrip("/"))
+        for p in paths:
+            if at == p or at.startswith(p.rstrip("/") + "/"):
+                out.append(f"volumeMounts[{i}] at {m.get('mountPath')} (over {p})")
+    return out
 
 
 def _security(spec: Mapping[str, Any]) -> Mapping[str, Any]:

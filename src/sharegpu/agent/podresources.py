@@ -16,11 +16,11 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
-
-from .allocate import Candidate
 
 log = logging.getLogger(__name__)
 
@@ -40,20 +40,58 @@ def kubelet_supported(version: str) -> bool:
     return bool(m) and (int(m.group(1)), int(m.group(2))) >= MIN_KUBELET
 
 
-def admitting(listing: Listing, candidates: Iterable[Candidate], resource: str) -> set[str]:
-    """The pods (``Candidate.pod_key``) among ``candidates`` that the kubelet lists with a
-    container that needs ``resource`` and holds no device of it yet."""
-    out: set[str] = set()
-    for c in candidates:
-        if resource not in c.required:
-            continue
-        pod = listing.get((c.namespace, c.name))
-        if pod is None:
-            continue  # not in the kubelet's pod manager yet: not being admitted
-        held = pod.get(c.container_name)
-        if held is None or not held.get(resource):
-            out.add(c.pod_key)
-    return out
+@dataclass(frozen=True)
+class Named:
+    """The pod the kubelet's pod-resources listing shows being admitted."""
+
+    key: str  # as ``Candidate.pod_key``: the UID when the API shows the pod, else namespace/name
+    ref: str  # namespace/name, for messages
+    held: Mapping[str, frozenset[str]] = field(default_factory=dict)  # container -> resources
+
+
+def _asks(container: Mapping[str, Any], resource: str) -> bool:
+    res = container.get("resources")
+    if not isinstance(res, Mapping):
+        return False
+    for part in ("limits", "requests"):
+        v = res.get(part)
+        if isinstance(v, Mapping) and str(v.get(resource, "0")).strip() not in ("", "0"):
+            return True
+    return False
+
+
+def being_admitted(listing: Listing, pods: Iterable[Mapping[str, Any]], resource: str
+                   ) -> tuple[list[Named], list[Named]]:
+    """The pods the kubelet may be admitting for ``resource``: (known, unknown). Known: pods of
+    ``pods`` (the node's pods, listed from the API after the kubelet's call began) that the
+    kubelet lists with a container that asks for ``resource`` and holds none of it yet. Unknown:
+    listed pods that the API does not show (a static pod before its mirror pod exists, a pod
+    deleted meanwhile), with a container holding none of ``resource``; the API holds every
+    decision, so they have none."""
+    known: list[Named] = []
+    seen: set[tuple[str, str]] = set()
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        key = (str(meta.get("namespace") or "default"), str(meta.get("name") or ""))
+        seen.add(key)
+        listed = listing.get(key)
+        if listed is None:
+            continue  # not in the kubelet's pod manager (yet, or any more)
+        specs = (pod.get("spec") or {}).get("containers") or []
+        if any(isinstance(c, Mapping) and _asks(c, resource)
+               and not (listed.get(str(c.get("name") or "")) or {}).get(resource)
+               for c in specs):
+            known.append(_named(key, str(meta.get("uid") or ""), listed))
+    unknown = [_named(key, "", listed) for key, listed in listing.items()
+               if key not in seen and any(not held.get(resource) for held in listed.values())]
+    return known, unknown
+
+
+def _named(key: tuple[str, str], uid: str,
+           listed: Mapping[str, Mapping[str, frozenset[str]]]) -> Named:
+    ref = f"{key[0]}/{key[1]}"
+    return Named(uid or ref, ref, {c: frozenset(r for r, ids in held.items() if ids)
+                                   for c, held in listed.items()})
 
 
 class PodResources:
@@ -140,5 +178,5 @@ class PodNaming:
         return self.promised
 
 
-__all__ = ["DEFAULT_SOCKET", "Listing", "PodNaming", "PodResources", "admitting",
+__all__ = ["DEFAULT_SOCKET", "Listing", "Named", "PodNaming", "PodResources", "being_admitted",
            "kubelet_supported"]
