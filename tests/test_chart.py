@@ -769,7 +769,7 @@ def test_scheduler_verifies_the_extender_certificate_with_the_charts_ca(tmp_path
                                     "certFile": f"{client_dir}/tls.crt",
                                     "keyFile": f"{client_dir}/tls.key"}
     # and the NOTES say where the client certificate comes from
-    assert f"secret sharegpu-extender-client-tls -o jsonpath='{{.data.tls\\.key}}'" in notes
+    assert "secret sharegpu-extender-client-tls -o jsonpath='{.data.tls\\.key}'" in notes
 
 
 def test_extender_tls_opt_out_and_own_secret():
