@@ -216,6 +216,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "gives up without binding (kube-scheduler has counted it failed and "
                         "places the pod again); keep it below the scheduler's extender "
                         "httpTimeout and above --start-wait (default 7)")
+    p.add_argument("--scheduler-names", default="ack-co-scheduler",
+                   help="schedulerNames whose profiles call this extender, comma-separated: a "
+                        "bind of a pod that names another (and that no filter of this replica "
+                        "passed) is refused (default ack-co-scheduler; the chart passes "
+                        "scheduler.name, or default-scheduler with scheduler.mode=default)")
+    p.add_argument("--gpu-pods-only", action="store_true",
+                   help="the scheduler sends this extender only pods asking for GPU resources "
+                        "(its managedResources: the chart's scheduler.mode=default): a bind of "
+                        "any other pod is refused")
     p.add_argument("--dra", action="store_true",
                    help="DRA mode (docs/dra.md): watch resource.k8s.io/v1 ResourceSlices and "
                         "ResourceClaims and rank DRA pods (the chart sets it with "
@@ -223,6 +232,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check-every", type=float, default=300.0,
                    help="seconds between consistency checks against the pod annotations")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+
+
+def scheduler_names(text: str) -> frozenset[str]:
+    """``--scheduler-names``: one or more DNS-1123 subdomains, comma-separated."""
+    from ..core.k8snames import dns_subdomain
+
+    found = frozenset(n.strip() for n in text.split(",") if n.strip())
+    if not found:
+        raise ValidationError("--scheduler-names", text, "must name at least one scheduler "
+                              "profile that calls this extender")
+    for n in found:
+        dns_subdomain("--scheduler-names", n)
+    return found
 
 
 def max_body_bytes(mib: int) -> int:
@@ -269,6 +291,7 @@ async def _start_retrying(replica, host: str, port: int, ctx, stop: asyncio.Even
 
 async def _serve(args: argparse.Namespace) -> int:
     from ..core.placement.base import get_policy
+    from ..extender.bindscope import BindScope
     from ..extender.kube import KubeApi
     from ..extender.replica import Replica
 
@@ -277,6 +300,7 @@ async def _serve(args: argparse.Namespace) -> int:
     probe = listen_address(args.metrics_listen, "--metrics-listen") if args.metrics_listen \
         else None
     tls = tls_settings(args)
+    scope = BindScope(scheduler_names(args.scheduler_names), gpu_only=args.gpu_pods_only)
     ctx = tls.server
     api = KubeApi.from_url(args.api_url) if args.api_url else KubeApi.from_config(args.kubeconfig)
     replica = Replica(api, identity=args.id, policy=args.policy,
@@ -287,7 +311,7 @@ async def _serve(args: argparse.Namespace) -> int:
                       http_limits={"max_body": max_body_bytes(args.max_body_mib)},
                       forward_tls=tls.peer, forward_server_name=tls.server_name,
                       start_wait=args.start_wait, bind_timeout=args.bind_timeout,
-                      dra=args.dra)
+                      dra=args.dra, bind_scope=scope)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

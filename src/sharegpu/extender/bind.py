@@ -20,6 +20,7 @@ from ..core.annotations import encode
 from ..core.errors import PlacementError, ValidationError
 from ..core.request import PodRequest
 from ..core.state import Reservation
+from .bindscope import BindScope
 from .kube import ApiError, KubeApi
 from .resourcepolicies import Claim, ResourcePolicies
 from .view import ClusterView
@@ -55,8 +56,12 @@ class Binder:
     def __init__(self, api: KubeApi, view: Callable[[], ClusterView],
                  may_bind: Callable[[], bool] = lambda: True, hints: int = 10000,
                  units: ResourcePolicies | None = None, start_wait: float = 5.0,
-                 bind_timeout: float = 7.0) -> None:
+                 bind_timeout: float = 7.0, scope: BindScope | None = None) -> None:
+        """``scope``: which pods and nodes it binds (default: pods of the chart's default
+        profile, to nodes the view knows)."""
         self.api = api
+        self.scope = scope or BindScope(
+            node_exists=lambda name: self.view().presence.has_node(name))
         self.units = units
         self.start_wait = start_wait  # seconds a bind waits for look-alike pods to start
         # seconds a bind may take to create the binding (kube-scheduler gives up at its
@@ -95,6 +100,7 @@ class Binder:
             if bound_to == args.node:
                 return BindOutcome(args.node, (), already=True)
             raise BindError("bound-elsewhere", f"pod {args.key} is already bound to {bound_to}")
+        self._refuse("not-ours", self.scope.pod_refusal(args.key, pod))
         try:
             req = self.view().reader.request(pod)  # with its host CPU and memory
         except ValidationError as e:
@@ -104,6 +110,7 @@ class Binder:
     async def bind(self, args: BindingArgs) -> BindOutcome:
         if not self.may_bind():
             raise BindError("not-leader", "this sharegpu extender replica is not the leader")
+        self._refuse("no-such-node", self.scope.node_refusal(args.node))
         deadline = time.monotonic() + self.bind_timeout
         seen = self._seen.pop(args.key, None)
         if seen is not None and (not args.pod_uid or seen.uid == args.pod_uid):
@@ -239,6 +246,7 @@ class Binder:
                           path: str, deadline: float) -> BindOutcome:
         """A pod without GPUs: the binding, with its ResourcePolicy's annotations (and
         labels)."""
+        self._refuse("not-ours", self.scope.plain_refusal(args.key))
         claim = self._claim(args, req)
         try:
             anns: Mapping[str, str] = {}
@@ -261,6 +269,12 @@ class Binder:
             self._unclaim(args)
             raise
         return BindOutcome(args.node, ())
+
+    @staticmethod
+    def _refuse(reason: str, refusal: str | None) -> None:
+        """A check at the door (:mod:`.bindscope`) that refused: nothing is read or written."""
+        if refusal is not None:
+            raise BindError(reason, refusal)
 
     async def _bound_anyway(self, path: str, args: BindingArgs) -> bool:
         """Whether the pod ended up bound to the node with our annotations despite an error."""

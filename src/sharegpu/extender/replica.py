@@ -25,6 +25,7 @@ import httpx2 as httpx
 
 from ..kubeio.aio import cancel_all
 from .bind import Binder
+from .bindscope import BindScope
 from .events import REASON_DRA_UNSCHEDULABLE, REASON_UNANNOTATED, EventRecorder
 from .httpserver import HttpServer
 from .informer import Informer
@@ -54,7 +55,9 @@ class Replica:
                  forward_timeout: float = 8.0, http_limits: dict[str, Any] | None = None,
                  forward_tls: ssl.SSLContext | None = None, forward_server_name: str = "",
                  start_wait: float = 5.0, bind_timeout: float = 7.0,
-                 dra: bool = False) -> None:
+                 dra: bool = False, bind_scope: BindScope | None = None) -> None:
+        """``bind_scope``: the pods and nodes it binds (default: pods of the chart's default
+        profile, to Nodes that exist)."""
         self.api = api
         self.identity = identity
         self.view = ClusterView(policy, graded=graded_scores)
@@ -78,8 +81,10 @@ class Replica:
         self._http: httpx.AsyncClient | None = None
         self.forwarded = 0  # binds passed on to the leader
         self._leader_synced = not elect
+        scope = bind_scope or BindScope()
+        scope.node_exists = self.view.presence.has_node
         self.binder = Binder(api, lambda: self.view, self.may_bind, units=self.units,
-                             start_wait=start_wait, bind_timeout=bind_timeout)
+                             start_wait=start_wait, bind_timeout=bind_timeout, scope=scope)
         self.events = EventRecorder(api, self.metrics, host=identity)
         self.view.on_unseen = self._unseen
         self.view.on_dra_unschedulable = self._dra_unschedulable

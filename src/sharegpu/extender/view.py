@@ -11,7 +11,8 @@ The parts (one module each):
 - :mod:`.pickholds` (:class:`~.pickholds.PickHolds`): the picks held until their binds;
 - :mod:`.answers` (:class:`~.answers.SchedulingAnswers`): filter, pick, scores, reservation;
 - :mod:`.early_prioritize` (:class:`~.early_prioritize.EarlyPrioritize`): prioritize, kept;
-- :mod:`.gangs` (:class:`~.gangs.GangScheduling`): pod groups, asked first for their pods.
+- :mod:`.gangs` (:class:`~.gangs.GangScheduling`): pod groups, asked first for their pods;
+- :mod:`.presence` (:class:`~.presence.Presence`): the Nodes and unbound pods that exist.
 
 ResourcePolicy (:mod:`.resourcepolicies`) restricts the filter's answer in the server.
 Everything is synchronous and free of I/O; the informer feeds it events and the HTTP handlers
@@ -34,6 +35,7 @@ from .early_prioritize import EarlyPrioritize
 from .gangs import GangScheduling
 from .pickholds import PickHolds
 from .picks import DEFAULT_TIMEOUT_S, HeldPicks
+from .presence import Presence
 from .reader import Placed, PlacementReader, _key
 from .workload import LearnedWorkload, default_workload, shape_of
 
@@ -71,8 +73,9 @@ class ClusterView:
         self.learned = LearnedWorkload(get_policy(policy), refresh=workload_refresh,
                                        fixed=workload)
         self.ledger = ClusterCache(policy, self.learned)
+        self.presence = Presence()
         self.dra = DraState(self.ledger)
-        self.holds = PickHolds(self.ledger, HeldPicks(hold_timeout))
+        self.holds = PickHolds(self.ledger, HeldPicks(hold_timeout), self.presence.waiting)
         self.ledger.gpus = self.dra  # DRA nodes' GPUs come from their ResourceSlices
         self.ledger.give_way = self.holds.drop  # held picks yield to a bound pod's record
         self.answers = SchedulingAnswers(self.ledger, self.learned, self.dra, self.holds,
@@ -118,8 +121,17 @@ class ClusterView:
         self.ledger.bound(key)
 
     # -- the informer's events ---------------
+    def upsert_node(self, obj: Mapping[str, Any]) -> None:
+        self.presence.upsert_node(obj)
+        self.ledger.upsert_node(obj)
+
+    def delete_node(self, name: str) -> None:
+        self.presence.delete_node(name)
+        self.ledger.delete_node(name)
+
     def upsert_pod(self, obj: Mapping[str, Any]) -> None:
         key = _key(obj)
+        self.presence.upsert_pod(key, obj)
         self.gangs.on_pod(key, obj)
         self.dra.dra_pod_event(key, obj)
         self.holds.on_pod(key, obj)
@@ -127,6 +139,7 @@ class ClusterView:
 
     def delete_pod(self, obj: Mapping[str, Any]) -> None:
         key = _key(obj)
+        self.presence.delete_pod(key)
         self.gangs.on_pod_deleted(key)
         self.dra.dra_pod_event(key, None)
         self.learned.forget(key)
@@ -142,6 +155,8 @@ class ClusterView:
         In-flight reservations are kept. Returns the number of pods whose annotations could
         not be applied."""
         pods = pods if isinstance(pods, list) else list(pods)
+        nodes = nodes if isinstance(nodes, list) else list(nodes)
+        self.presence.reset(nodes, ((_key(p), p) for p in pods))
         with gc_paused():
             if dra is not None:
                 self.dra.load(*dra)
@@ -168,6 +183,7 @@ class ClusterView:
     inflight = _Part("ledger")
     starting = _Part("ledger")
     unseen = _Part("ledger")
+    overcommitted = _Part("ledger")
     on_unseen = _Part("ledger")
     host = _Part("ledger")
     host_sum = _Part("ledger")
@@ -177,8 +193,6 @@ class ClusterView:
     track_changes = _Part("ledger")
     untrack_changes = _Part("ledger")
     known_bound = _Part("ledger")
-    upsert_node = _Part("ledger")
-    delete_node = _Part("ledger")
     drift = _Part("ledger")
     fingerprint = _Part("ledger")
     node_modes = _Part("ledger")
