@@ -576,9 +576,10 @@ def test_extender_runs_as_its_service_account(release: Release, gpu_node: str) -
 
         # Its writes, through its own ServiceAccount: a GPU pod (in the release namespace,
         # which the chart's webhook leaves alone; a scheduler name nothing runs, so only this
-        # bind places it) is refused for a node that does not exist (an Event says why), then
-        # bound to the GPU node: decision annotations (patch pods) and the binding
-        # (pods/binding).
+        # bind places it) is refused for a node that does not exist (an Event says why), and,
+        # being of no profile that calls the extender, refused until the extender's filter
+        # passed it (as kube-scheduler sends it); then bound to the GPU node: decision
+        # annotations (patch pods) and the binding (pods/binding).
         gpu_pod = admin.create(Pod.from_dict({
             "metadata": {"name": "e2e-bind-me"},
             "spec": {"schedulerName": "sharegpu-e2e-nobody", "containers": [{
@@ -587,9 +588,18 @@ def test_extender_runs_as_its_service_account(release: Release, gpu_node: str) -
         args = {"PodName": gpu_pod.metadata.name, "PodNamespace": ns,
                 "PodUID": gpu_pod.metadata.uid}
         refused = ext.post("/bind", {**args, "Node": "e2e-no-such-node"})  # over TLS, verified
-        assert refused["Error"], refused
+        assert "node e2e-no-such-node does not exist" in refused["Error"], refused
+        refused = ext.post("/bind", {**args, "Node": gpu_node})
+        assert "is not this extender's to bind: its schedulerName 'sharegpu-e2e-nobody'" in \
+            refused["Error"], refused
+        assert not admin.get(Pod, gpu_pod.metadata.name, namespace=ns).spec.nodeName
 
         def bound() -> bool:
+            # kube-scheduler's sequence: the filter (which passes the pod), then the bind
+            pod = admin.get(Pod, gpu_pod.metadata.name, namespace=ns).to_dict()
+            passed = ext.post("/filter", {"Pod": pod, "NodeNames": [gpu_node]})
+            if passed.get("NodeNames") != [gpu_node]:
+                return False
             return ext.post("/bind", {**args, "Node": gpu_node}).get("Error") == ""
 
         wait_for("a bind to the GPU node", bound, timeout=30, every=0.5)
@@ -602,7 +612,7 @@ def test_extender_runs_as_its_service_account(release: Release, gpu_node: str) -
             e for e in admin.list(Event, namespace=ns, fields={
                 "involvedObject.name": gpu_pod.metadata.name})
             if e.reason == "GPUSharingBindFailed"])
-        assert "e2e-no-such-node" in events[0].message
+        assert any("e2e-no-such-node" in e.message for e in events), [e.message for e in events]
         assert proc.alive()
         assert log_problems(proc) == [], proc.log_tail()
     finally:

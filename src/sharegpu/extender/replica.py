@@ -8,7 +8,8 @@ binds, so it never decides on a view older than the previous leader's last bindi
 With TLS, a follower forwards binds to the leader's pod IP (the URL on the Lease) and verifies the
 leader's certificate with ``forward_tls`` (the CA) under ``forward_server_name``, the Service DNS
 name the replicas' certificate carries: the connection goes to the IP, the handshake names (SNI)
-and checks the Service's name. Nothing is forwarded unverified.
+and checks the Service's name. Nothing is forwarded unverified. ``forward_tls`` also presents the
+replica's own certificate: the leader answers no caller without one its client CA signed.
 """
 
 from __future__ import annotations
