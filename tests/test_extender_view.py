@@ -242,6 +242,11 @@ def test_reset_rebuilds_from_annotations_and_counts_over_commits() -> None:
     r = v.reserve(probe, "shared-a")
     assert set(r.alloc.per_gpu_mem()) == {1}
     v.release_inflight(probe.key)
+    # with GPU 1 full too, the node takes nothing, and the filter says why
+    v.upsert_pod(bound_pod("g", "shared-a", Allocation(mem={0: {1: 16}}), mem=16))
+    passed, failed, _ = v.filter(probe, ["shared-a", "shared-b"])
+    assert passed == ["shared-b"] and "shared-a" in failed
+    v.delete_pod(bound_pod("g", "shared-a", Allocation(mem={0: {1: 16}}), mem=16))
     # the node of pod d appears later: the pod holds its GPU from then on
     v.upsert_node(kobjects.node("gone-node", [8], "cgpu"))
     assert "default/d" in v.state.pods
