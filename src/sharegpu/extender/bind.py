@@ -153,11 +153,14 @@ class Binder:
         except PlacementError as e:
             self._unclaim(args)
             raise BindError("no-fit", str(e)) from None
-        assumed_ns = held_ns if held is not None and r is held else None
+        # an unheld bind's GPUs are chosen now, not when its binding is written (after the
+        # starting-pods wait, while other picks are made with these GPUs taken)
+        chosen_ns = time.time_ns()
+        assumed_ns = held_ns if held is not None and r is held else chosen_ns
         try:
             await self._wait_distinct(req, r, deadline)
             st = self.view().state
-            anns = encode(r.alloc, assume_time_ns=assumed_ns or time.time_ns(),
+            anns = encode(r.alloc, assume_time_ns=assumed_ns or chosen_ns,
                           gpu_capacity=st.gpu_capacity(args.node))
             if claim is not None:
                 anns = {**anns, **claim.annotations}
