@@ -753,23 +753,55 @@ def test_scheduler_verifies_the_extender_certificate_with_the_charts_ca(tmp_path
     name = f"{svc['metadata']['name']}.{NS}.svc"
     assert ext["urlPrefix"] == f"https://{name}:8888"
     assert ext["enableHTTPS"] is True
-    assert ext["tlsConfig"] == {"serverName": name, "caData": secret["data"]["ca.crt"]}
+    client_dir = "/etc/sharegpu-extender-client"
+    assert ext["tlsConfig"] == {"serverName": name, "caData": secret["data"]["ca.crt"],
+                                "certFile": f"{client_dir}/tls.crt",
+                                "keyFile": f"{client_dir}/tls.key"}
     assert secret["type"] == "kubernetes.io/tls"
     data = {k: base64.b64decode(v) for k, v in secret["data"].items()}
-    for k in ("tls.crt", "tls.key"):
+    for k in ("ca.crt", "tls.crt", "tls.key"):
         (tmp_path / k).write_bytes(data[k])
-    from sharegpu.commands.extender import handshake_in_memory  # an in-memory TLS handshake
+    # kube-scheduler's client certificate: its own Secret, mounted where certFile/keyFile say
+    client_secret = one(docs, "Secret", "extender-client-tls")
+    assert client_secret["type"] == "kubernetes.io/tls"
+    assert set(client_secret["data"]) == {"tls.crt", "tls.key"}  # no key of the extender's
+    for k, v in client_secret["data"].items():
+        (tmp_path / f"client-{k}").write_bytes(base64.b64decode(v))
+    sched = one(docs, "Deployment", "scheduler")
+    (vol,) = [v for v in sched["spec"]["template"]["spec"]["volumes"]
+              if v["name"] == "extender-client"]
+    assert vol["secret"]["secretName"] == client_secret["metadata"]["name"]
+    assert {"name": "extender-client", "mountPath": client_dir, "readOnly": True} in \
+        container(sched)["volumeMounts"]
+    assert sched["spec"]["template"]["metadata"]["annotations"]["checksum/client-tls"]
+    from sharegpu.commands.extender import handshake_in_memory, ssl_context
 
-    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    server.load_cert_chain(tmp_path / "tls.crt", tmp_path / "tls.key")
-    client = ssl.create_default_context(cadata=base64.b64decode(ext["tlsConfig"]["caData"])
-                                        .decode())
-    # raises if the certificate does not verify
-    handshake_in_memory(server, client, ext["tlsConfig"]["serverName"])
+    # the extender as the chart runs it: its certificate, callers' certificates required
+    # (--tls-client-ca=/tls/ca.crt)
+    server = ssl_context(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"),
+                         client_ca=str(tmp_path / "ca.crt"))
+    assert server is not None
+
+    def scheduler(cert: bool = True) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(
+            cadata=base64.b64decode(ext["tlsConfig"]["caData"]).decode())
+        if cert:
+            ctx.load_cert_chain(tmp_path / "client-tls.crt", tmp_path / "client-tls.key")
+        return ctx
+
+    # raises if either certificate does not verify
+    handshake_in_memory(server, scheduler(), ext["tlsConfig"]["serverName"])
     with pytest.raises(ssl.SSLCertVerificationError):
-        handshake_in_memory(server, client, f"other.{NS}.svc")
+        handshake_in_memory(server, scheduler(), f"other.{NS}.svc")
     with pytest.raises(ssl.SSLCertVerificationError):  # the system's CAs do not know it
         handshake_in_memory(server, ssl.create_default_context(), name)
+    with pytest.raises(ssl.SSLError) as refused:  # no client certificate: refused
+        handshake_in_memory(server, scheduler(cert=False), name)
+    assert refused.value.side == "server"  # type: ignore[attr-defined]
+    # the replicas' own certificate is a caller too (a follower forwarding a bind)
+    own = scheduler(cert=False)
+    own.load_cert_chain(tmp_path / "tls.crt", tmp_path / "tls.key")
+    handshake_in_memory(server, own, name)
     cert = _x509(data["tls.crt"].decode())
     for dns in (name, f"{name}.cluster.local", f"sharegpu-extender.{NS}", "sharegpu-extender"):
         assert f"DNS:{dns}" in cert
@@ -778,7 +810,8 @@ def test_scheduler_verifies_the_extender_certificate_with_the_charts_ca(tmp_path
     dep = one(docs, "Deployment", "extender")
     a = args_of(dep)
     assert {"--tls-cert=/tls/tls.crt", "--tls-key=/tls/tls.key", "--tls-ca=/tls/ca.crt",
-            f"--tls-server-name={name}", "--metrics-listen=0.0.0.0:8889"} <= set(a)
+            "--tls-client-ca=/tls/ca.crt", f"--tls-server-name={name}",
+            "--metrics-listen=0.0.0.0:8889"} <= set(a)
     assert "--insecure" not in a
     pod = dep["spec"]["template"]
     vols = {v["name"]: v for v in pod["spec"]["volumes"]}
@@ -802,7 +835,11 @@ def test_scheduler_verifies_the_extender_certificate_with_the_charts_ca(tmp_path
     (printed,) = yaml.safe_load(notes.split("extenders:", 1)[1].split("\n\n", 1)[0])
     installed = next(d for d in yaml.safe_load_all(manifest.split("MANIFEST:", 1)[1]) if d
                      and d["kind"] == "Secret" and d["metadata"]["name"].endswith("extender-tls"))
-    assert printed["tlsConfig"] == {"serverName": name, "caData": installed["data"]["ca.crt"]}
+    assert printed["tlsConfig"] == {"serverName": name, "caData": installed["data"]["ca.crt"],
+                                    "certFile": f"{client_dir}/tls.crt",
+                                    "keyFile": f"{client_dir}/tls.key"}
+    # and the NOTES say where the client certificate comes from
+    assert "secret sharegpu-extender-client-tls -o jsonpath='{.data.tls\\.key}'" in notes
 
 
 def test_extender_tls_opt_out_and_own_secret():
@@ -817,13 +854,22 @@ def test_extender_tls_opt_out_and_own_secret():
                 d["metadata"]["name"]]
     assert one(plain, "NetworkPolicy", "extender")["spec"]["ingress"][0]["ports"][0]["port"] \
         == "http"
-    # a Secret of one's own (cert-manager): not rendered; the scheduler mounts only its ca.crt
-    own = render(None, KUBE, "extender.tls.existingSecret=my-extender-tls")
+    # a Secret of one's own (cert-manager): not rendered; the scheduler mounts only its ca.crt,
+    # and its client certificate from a Secret of one's own too (required)
+    r = run_helm("template", "x", str(CHART), "--set", "extender.tls.existingSecret=mine")
+    assert r.returncode != 0 and "needs extender.tls.existingClientSecret" in r.stderr
+    own = render(None, KUBE, "extender.tls.existingSecret=my-extender-tls",
+                 "extender.tls.existingClientSecret=my-scheduler-client")
     assert not [d for d in own if d["kind"] == "Secret" and "extender" in d["metadata"]["name"]]
     ext = yaml.safe_load(one(own, "ConfigMap", "scheduler-config")["data"]["config.yaml"])[
         "extenders"][0]
     assert ext["tlsConfig"] == {"serverName": f"sharegpu-extender.{NS}.svc",
-                                "caFile": "/etc/sharegpu-extender-ca/ca.crt"}
+                                "caFile": "/etc/sharegpu-extender-ca/ca.crt",
+                                "certFile": "/etc/sharegpu-extender-client/tls.crt",
+                                "keyFile": "/etc/sharegpu-extender-client/tls.key"}
+    sched_vols = one(own, "Deployment", "scheduler")["spec"]["template"]["spec"]["volumes"]
+    (client_vol,) = [v for v in sched_vols if v["name"] == "extender-client"]
+    assert client_vol["secret"]["secretName"] == "my-scheduler-client"
     sched = one(own, "Deployment", "scheduler")["spec"]["template"]["spec"]
     (vol,) = [v for v in sched["volumes"] if v["name"] == "extender-ca"]
     assert vol["secret"] == {"secretName": "my-extender-tls",

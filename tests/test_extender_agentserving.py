@@ -123,7 +123,9 @@ def test_a_pick_held_before_the_agent_stopped_is_not_bound() -> None:
     """kube-scheduler's filter held a pick on the node; its agent stops before the bind: the
     bind's reservation is refused and the held GPUs are given back."""
     view, _ = make_view()
-    req = parse_pod(kobjects.pod("p", mem=4))
+    pod = kobjects.pod("p", mem=4)
+    view.upsert_pod(pod)  # a pick is held only for a pod the informer shows waiting
+    req = parse_pod(pod)
     assert view.pick(req, ["up"], hold=True) == "up"
     assert "default/p" in view.inflight
     view.upsert_node(with_condition(kobjects.node("up", [16]), False, time.time()))

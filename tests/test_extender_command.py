@@ -50,8 +50,11 @@ def post(url: str, body: Any, ctx: ssl.SSLContext | None = None) -> Any:
 
 
 def certs(tmp_path: Path) -> tuple[Path, Path, ssl.SSLContext]:
+    """The server's certificate and key, and a client trusting the CA and presenting a client
+    certificate it signed (the extender requires one; the webhook ignores it)."""
     files = make_certificates(tmp_path)
     client = ssl.create_default_context(cafile=str(files.ca_cert))
+    client.load_cert_chain(files.client_cert, files.client_key)
     return files.cert, files.key, client
 
 
@@ -82,6 +85,7 @@ def test_extender_process_over_tls(fake_api: Any, tmp_path: Path) -> None:
     p = spawn("extender", "--api-url", fake_api.url, "--listen", f"127.0.0.1:{port}",
               "--tls-cert", str(crt), "--tls-key", str(key), "--id", "one",
               "--tls-ca", str(ca_of(crt)), "--tls-server-name", "localhost",
+              "--tls-client-ca", str(ca_of(crt)),
               "--lease-namespace", "default")
     try:
         base = f"https://127.0.0.1:{port}"

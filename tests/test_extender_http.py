@@ -246,6 +246,18 @@ def test_malformed_payloads_get_400_and_an_error_naming_the_field() -> None:
         assert status == 400 and p["Error"].startswith("NodeNames=")
         status, b = await env.post("bind", {"PodName": "x"})
         assert status == 400 and b["Error"].startswith("PodNamespace=")
+        # a name that is no DNS-1123 name: 400 naming the field and the rule, nothing read
+        assert env.app.binder is not None
+        reads = env.app.binder.reads
+        status, b = await env.post("bind", {"PodName": "x", "PodNamespace": "default",
+                                            "Node": "../../namespaces/kube-system"})
+        assert status == 400 and b["Error"].startswith("Node=") and \
+            "must be a DNS-1123 subdomain" in b["Error"], b
+        status, f = await env.post("filter", {"Pod": kobjects.pod("bad", namespace="a/b"),
+                                              "NodeNames": ["a"]})
+        assert status == 400 and f["Error"].startswith("Pod.metadata.namespace=") and \
+            "must be a DNS-1123 label" in f["Error"], f
+        assert env.app.binder.reads == reads
         # the view is untouched and later requests are served
         assert env.view.state.pods == {}
         status, f = await env.post("filter", {"Pod": kobjects.pod("y", mem=1),

@@ -65,9 +65,12 @@ class Picks:
         return await r.json()
 
     async def filter(self, pod: dict[str, Any], names: list[str] = ONE_NAMES) -> Any:
-        """As kube-scheduler sends it: the pod as stored (with its resourceVersion)."""
+        """As kube-scheduler sends it: the pod as stored (with its resourceVersion), which the
+        view has seen created, as the informer shows it."""
         m = pod["metadata"]
         stored = self.api.pods.get(f"{m['namespace']}/{m['name']}", pod)
+        if not stored["spec"].get("nodeName"):
+            self.view.upsert_pod(stored)
         return await self.post("filter", {"Pod": stored, "NodeNames": names})
 
     async def bind(self, pod: dict[str, Any], node: str) -> str:
@@ -379,6 +382,8 @@ def test_a_pod_without_gpus_is_answered_with_the_names_as_sent() -> None:
 
     async def body() -> None:
         async with Picks([plain]) as env:
+            # a Node without GPUs, as the informer shows it
+            env.view.upsert_node({"metadata": {"name": "not-a-gpu-node"}, "status": {}})
             stored = env.api.pods["default/web"]
             r = await env.client.post("/filter", data=_raw_filter(env, stored, names_json))
             raw = await r.read()

@@ -21,6 +21,7 @@ import aiohttp
 import pytest
 
 from sharegpu.cli import main
+from sharegpu.commands.extender import ssl_context
 from sharegpu.extender.kube import KubeApi
 from sharegpu.extender.replica import Replica
 from sharegpu_testing import kobjects
@@ -37,19 +38,34 @@ def tls(tmp_path: Path) -> CertificateFiles:
 
 
 def server_ctx(files: CertificateFiles) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.load_cert_chain(files.cert, files.key)
+    """As ``sharegpu extender`` serves: its certificate, and callers' certificates required,
+    signed by the CA."""
+    ctx = ssl_context(str(files.cert), str(files.key), client_ca=str(files.ca_cert))
+    assert ctx is not None
     return ctx
 
 
-def client_ctx(ca: Path | None) -> ssl.SSLContext:
-    return ssl.create_default_context(cafile=str(ca) if ca else None)
+def client_ctx(ca: Path | None, cert: tuple[Path, Path] | None = None) -> ssl.SSLContext:
+    """Trusts ``ca``; presents ``cert`` (certificate, key) when given."""
+    ctx = ssl.create_default_context(cafile=str(ca) if ca else None)
+    if cert is not None:
+        ctx.load_cert_chain(*cert)
+    return ctx
+
+
+def scheduler_ctx(files: CertificateFiles) -> ssl.SSLContext:
+    """kube-scheduler's: the CA, and its client certificate."""
+    return client_ctx(files.ca_cert, (files.client_cert, files.client_key))
 
 
 def replica(fake: Any, name: str, files: CertificateFiles | None, ca: Path | None = None,
-            server_name: str = SERVICE) -> Replica:
+            server_name: str = SERVICE, own: CertificateFiles | None = None) -> Replica:
+    """A replica whose forwards trust ``ca`` (default: ``files``' CA) and present ``own``'s
+    serving certificate (default: ``files``')."""
+    own = own or files
     return Replica(KubeApi.from_url(fake.url), identity=name, check_every=0,
-                   forward_tls=client_ctx(ca or (files.ca_cert if files else None)),
+                   forward_tls=client_ctx(ca or (files.ca_cert if files else None),
+                                          (own.cert, own.key) if own else None),
                    forward_server_name=server_name)
 
 
@@ -90,15 +106,16 @@ def test_verbs_only_over_tls_and_the_probe_port_answers_no_verb(
                 if r.serves_verbs():
                     break
                 await asyncio.sleep(0.02)
-            # with the CA, verified under the Service's name (connected by IP): served
-            ok = await raw_request(r.port, filt, client_ctx(tls.ca_cert), SERVICE)
+            # with the CA and the client certificate, verified under the Service's name
+            # (connected by IP): served
+            ok = await raw_request(r.port, filt, scheduler_ctx(tls), SERVICE)
             assert ok.startswith(b"HTTP/1.1 200") and b'"NodeNames":["n1"]' in ok, ok
             # without the CA (the system's trust store): the handshake fails
             with pytest.raises(ssl.SSLCertVerificationError):
                 await raw_request(r.port, filt, client_ctx(None), SERVICE)
             # with the CA but under a name the certificate does not carry (the IP): fails
             with pytest.raises(ssl.SSLCertVerificationError):
-                await raw_request(r.port, filt, client_ctx(tls.ca_cert), "127.0.0.1")
+                await raw_request(r.port, filt, scheduler_ctx(tls), "127.0.0.1")
             # plain HTTP to the TLS port: no HTTP answer at all, nothing decided
             for verb in ("/filter", "/prioritize", "/bind"):
                 assert not (await raw_request(r.port, post(verb, {}))).startswith(b"HTTP/"), verb
@@ -117,15 +134,79 @@ def test_verbs_only_over_tls_and_the_probe_port_answers_no_verb(
     asyncio.run(go())
 
 
+async def answered(port: int, request: bytes, ctx: ssl.SSLContext) -> bytes:
+    """What the server answers a TLS client (b"": the handshake or the connection refused)."""
+    try:
+        return await raw_request(port, request, ctx, SERVICE)
+    except (ConnectionError, ssl.SSLError):
+        return b""
+
+
+def test_no_verb_answers_a_caller_without_a_client_certificate_of_the_ca(
+        fake_api: Any, tls: CertificateFiles, tmp_path: Path) -> None:
+    """Mutual TLS on the verb port: a caller that trusts the extender but presents no client
+    certificate, or one signed by another CA, gets no HTTP answer on any verb (nor on the
+    GETs there); nothing is decided: no pick held, no pod bound. kube-scheduler's certificate,
+    and the extender's own (a follower forwarding a bind), are served."""
+    fake_api.create(kobjects.node("n1", [16, 16], "cgpu"))
+    fake_api.create(kobjects.pod("p", mem=4))
+    stored = fake_api.get("pods", "p", "default")
+    m = stored["metadata"]
+    other = make_certificates(tmp_path / "other", hosts=(SERVICE,))
+    requests = {
+        "/filter": post("/filter", {"Pod": stored, "NodeNames": ["n1"]}),
+        "/prioritize": post("/prioritize", {"Pod": stored, "NodeNames": ["n1"]}),
+        "/bind": post("/bind", {"PodName": "p", "PodNamespace": "default", "PodUID": m["uid"],
+                                "Node": "n1"}),
+        "/readyz": get("/readyz"),
+    }
+    strangers = {
+        "no certificate": client_ctx(tls.ca_cert),
+        "another CA's client certificate": client_ctx(
+            tls.ca_cert, (other.client_cert, other.client_key)),
+        "another CA's server certificate": client_ctx(tls.ca_cert, (other.cert, other.key)),
+    }
+
+    async def go() -> None:
+        r = replica(fake_api, "a", tls)
+        await r.start("127.0.0.1", 0, server_ctx(tls))
+        try:
+            t0 = time.monotonic()
+            while not r.is_ready():
+                assert time.monotonic() - t0 < 20
+                await asyncio.sleep(0.02)
+            for who, ctx in strangers.items():
+                for verb, request in requests.items():
+                    got = await answered(r.port, request, ctx)
+                    assert got == b"", (who, verb, got[:200])
+            assert r.view.inflight == {} and len(r.view.picks) == 0
+            assert not fake_api.get("pods", "p", "default")["spec"].get("nodeName")
+            assert r.metrics.latency.labels("filter")._sum.get() == 0
+            # the replicas' own certificate is a caller too (a follower's forward)
+            own = client_ctx(tls.ca_cert, (tls.cert, tls.key))
+            got = await answered(r.port, requests["/readyz"], own)
+            assert got.startswith(b"HTTP/1.1 200"), got[:200]
+            got = await answered(r.port, requests["/bind"], scheduler_ctx(tls))
+            assert got.startswith(b"HTTP/1.1 200") and b'"Error":""' in got, got[:300]
+            assert fake_api.get("pods", "p", "default")["spec"]["nodeName"] == "n1"
+        finally:
+            await r.stop()
+            await r.api.close()
+
+    asyncio.run(go())
+
+
 def test_follower_forwards_binds_to_the_leader_over_tls_by_ip(
         fake_api_factory: Any, tls: CertificateFiles, tmp_path: Path) -> None:
     """The leader publishes https://127.0.0.1:PORT (its pod IP) on the Lease; its certificate
     names only the Service. The follower connects to the IP, verifies the Service's name with the
-    CA and binds through the leader. A follower with another CA, or checking another name,
-    forwards nothing: the bind is answered with an Error and the pod stays unbound."""
+    CA and binds through the leader, presenting its own certificate as a client. A follower
+    with another CA, checking another name, or presenting a certificate the leader's client CA
+    did not sign, forwards nothing: the bind is answered with an Error and the pod stays
+    unbound."""
     fake = fake_api_factory()
     fake.create(kobjects.node("n1", [16, 16], "cgpu"))
-    pods = [kobjects.pod(f"p{i}", mem=4) for i in range(3)]
+    pods = [kobjects.pod(f"p{i}", mem=4) for i in range(4)]
     for p in pods:
         fake.create(p)
     pods = [fake.get("pods", p["metadata"]["name"], "default") for p in pods]
@@ -140,7 +221,8 @@ def test_follower_forwards_binds_to_the_leader_over_tls_by_ip(
         a = replica(fake, "a", tls)
         followers = {"b": replica(fake, "b", tls),
                      "wrong-ca": replica(fake, "wrong-ca", tls, ca=other.ca_cert),
-                     "wrong-name": replica(fake, "wrong-name", tls, server_name="127.0.0.1")}
+                     "wrong-name": replica(fake, "wrong-name", tls, server_name="127.0.0.1"),
+                     "wrong-cert": replica(fake, "wrong-cert", tls, own=other)}
         await a.start("127.0.0.1", 0, server_ctx(tls))
         t0 = time.monotonic()
         while not a.is_leader():
@@ -149,7 +231,7 @@ def test_follower_forwards_binds_to_the_leader_over_tls_by_ip(
         for f in followers.values():
             await f.start("127.0.0.1", 0, server_ctx(tls))
         leader_url = f"https://127.0.0.1:{a.port}"
-        client = client_ctx(tls.ca_cert)
+        client = scheduler_ctx(tls)
         conn = aiohttp.TCPConnector(ssl=client)
         try:
             async with aiohttp.ClientSession(connector=conn) as s:
@@ -172,9 +254,13 @@ def test_follower_forwards_binds_to_the_leader_over_tls_by_ip(
                 assert "did not answer (ConnectError)" in err, err
                 err = await bind(followers["wrong-name"], pods[2])
                 assert "did not answer (ConnectError)" in err, err
-                assert not fake.get("pods", "p1", "default")["spec"].get("nodeName")
-                assert not fake.get("pods", "p2", "default")["spec"].get("nodeName")
+                # a follower whose certificate the leader's client CA did not sign: refused
+                err = await bind(followers["wrong-cert"], pods[3])
+                assert "did not answer" in err, err
+                for p in ("p1", "p2", "p3"):
+                    assert not fake.get("pods", p, "default")["spec"].get("nodeName"), p
                 assert followers["wrong-ca"].forwarded == followers["wrong-name"].forwarded == 0
+                assert followers["wrong-cert"].forwarded == 0
         finally:
             for r in (a, *followers.values()):
                 await r.stop()
@@ -226,6 +312,10 @@ def test_extender_refuses_tls_a_follower_could_not_verify(
         tmp_path: Path, tls: CertificateFiles, capsys: pytest.CaptureFixture[str]) -> None:
     cert = ["--tls-cert", str(tls.cert), "--tls-key", str(tls.key)]
     line = refusal(["extender", *API, *cert], capsys)
+    assert "--tls-client-ca=None: is required with --tls-cert: the verbs answer only callers " \
+           "with a client certificate signed by this CA" in line, line
+    cert += ["--tls-client-ca", str(tls.ca_cert)]
+    line = refusal(["extender", *API, *cert], capsys)
     assert "--tls-ca=None: is required with --tls-cert while leader election runs" in line
     line = refusal(["extender", *API, *cert, "--tls-ca", str(tls.ca_cert)], capsys)
     assert "--tls-server-name=None: is required" in line
@@ -240,6 +330,29 @@ def test_extender_refuses_tls_a_follower_could_not_verify(
     line = refusal(["extender", *API, *cert, "--tls-ca", str(tls.ca_cert),
                     "--tls-server-name", "other.gpu-system.svc"], capsys)
     assert "does not verify with --tls-ca under this name" in line, line
+
+
+def test_extender_refuses_a_client_ca_its_own_forwards_would_fail(
+        tmp_path: Path, tls: CertificateFiles, capsys: pytest.CaptureFixture[str]) -> None:
+    """The client CA must load, and must accept the replica's own certificate: a follower
+    presents it to the leader when it forwards a bind."""
+    cert = ["--tls-cert", str(tls.cert), "--tls-key", str(tls.key), "--tls-ca",
+            str(tls.ca_cert), "--tls-server-name", SERVICE]
+    line = refusal(["extender", *API, *cert, "--tls-client-ca", str(tmp_path / "none.crt")],
+                   capsys)
+    assert "--tls-client-ca=" in line and "cannot load the CA certificate" in line, line
+    other = make_certificates(tmp_path / "other", hosts=(SERVICE,))
+    line = refusal(["extender", *API, *cert, "--tls-client-ca", str(other.ca_cert)], capsys)
+    assert f"--tls-client-ca='{other.ca_cert}': does not accept the certificate in --tls-cert " \
+           "as a client" in line, line
+    # a serving certificate without client auth in its key usage is refused the same way
+    server_only = make_certificates(tmp_path / "server-only", hosts=(SERVICE,),
+                                    client_auth=False)
+    line = refusal(["extender", *API, "--tls-cert", str(server_only.cert), "--tls-key",
+                    str(server_only.key), "--tls-ca", str(server_only.ca_cert),
+                    "--tls-server-name", SERVICE, "--tls-client-ca",
+                    str(server_only.ca_cert)], capsys)
+    assert "does not accept the certificate in --tls-cert as a client" in line, line
 
 
 def test_refusal_is_one_line_from_the_real_process() -> None:

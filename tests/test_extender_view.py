@@ -208,24 +208,57 @@ def test_events_for_a_pod_in_flight_do_not_touch_its_reservation() -> None:
     assert v.state.pods["default/a"].bound and v.drift() == []
 
 
-def test_reset_rebuilds_from_annotations_and_reports_over_commits() -> None:
+def test_reset_rebuilds_from_annotations_and_counts_over_commits() -> None:
+    """A bound pod whose annotations over-commit its GPU is counted as they say (the GPU is
+    overfull: nothing more lands there) and reported (a problem, the over-commit gauge), not
+    left out of the books, which would show the GPU emptier than it is; the same when its
+    record arrives by a watch event, and until it ends."""
     from sharegpu.core.annotations import Allocation
+    from sharegpu.extender.metrics import Metrics
 
     v = ClusterView()
     pods = [bound_pod("a", "shared-a", Allocation(mem={0: {0: 10}}), mem=10),
             bound_pod("b", "shared-a", Allocation(mem={0: {0: 10}}), mem=10),  # over-commit
             bound_pod("c", "core", Allocation(mem={0: {1: 4}}, core={0: {1: 40}}), mem=4,
                       core=40),
-            bound_pod("d", "gone-node", Allocation(mem={0: {0: 1}}), mem=1)]
+            bound_pod("d", "gone-node", Allocation(mem={0: {0: 1}}), mem=1),
+            bound_pod("e", "shared-a", Allocation(mem={0: {7: 1}}), mem=1)]  # no GPU 7
     bad = v.reset(nodes(), pods)
-    assert bad == 1
-    assert set(v.state.pods) == {"default/a", "default/c"}
+    assert bad == 1  # e: its GPU does not exist, nothing to count
+    assert set(v.state.pods) == {"default/a", "default/b", "default/c"}
     assert "default/b" in v.problems and "over-commit" in v.problems["default/b"]
+    assert "counted as they say" in v.problems["default/b"]
+    assert "GPUs the node does not have" in v.problems["default/e"]
+    i = v.state.index["shared-a"]
+    assert int(v.state.gpu_free[i, 0]) == 16 - 20  # overfull
+    assert v.overcommitted == {"default/b": "shared-a"}
+    assert b"sharegpu_extender_overcommitted_pods 1.0" in Metrics(lambda: v).render()
+    assert v.drift() == []  # the books say what the annotations say: nothing to repair
     i = v.state.index["core"]
     assert int(v.state.core_free[i, 1]) == 60
+    # nothing more lands on the overfull GPU; the node's other GPU still takes pods
+    st = v.state
+    probe = parse_pod(kobjects.pod("p", mem=1))
+    r = v.reserve(probe, "shared-a")
+    assert set(r.alloc.per_gpu_mem()) == {1}
+    v.release_inflight(probe.key)
+    # with GPU 1 full too, the node takes nothing, and the filter says why
+    v.upsert_pod(bound_pod("g", "shared-a", Allocation(mem={0: {1: 16}}), mem=16))
+    passed, failed, _ = v.filter(probe, ["shared-a", "shared-b"])
+    assert passed == ["shared-b"] and "shared-a" in failed
+    v.delete_pod(bound_pod("g", "shared-a", Allocation(mem={0: {1: 16}}), mem=16))
     # the node of pod d appears later: the pod holds its GPU from then on
     v.upsert_node(kobjects.node("gone-node", [8], "cgpu"))
     assert "default/d" in v.state.pods
+    # by a watch event: another over-commit on GPU 0 is counted too
+    v.upsert_pod(bound_pod("f", "shared-a", Allocation(mem={0: {0: 4}}), mem=4))
+    assert int(st.gpu_free[st.index["shared-a"], 0]) == 16 - 24
+    assert set(v.overcommitted) == {"default/b", "default/f"}
+    # pods ending give back what they held; the GPU is full, then has room again
+    for name in ("b", "f"):
+        v.delete_pod(bound_pod(name, "shared-a", Allocation(mem={0: {0: 10}}), mem=10))
+    assert v.overcommitted == {} and int(st.gpu_free[st.index["shared-a"], 0]) == 6
+    assert v.drift() == []
 
 
 def test_node_update_and_bad_node_keep_pods() -> None:

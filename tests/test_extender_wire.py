@@ -87,6 +87,52 @@ def test_malformed_binding_names_the_field(body: object, field: str) -> None:
     assert e.value.field == field
 
 
+SUBDOMAIN_RULE = "must be a DNS-1123 subdomain"
+LABEL_RULE = "must be a DNS-1123 label"
+GOOD_BINDING = {"PodName": "p-1.a", "PodNamespace": "team-a", "PodUID": "0f-3a", "Node": "n1.x"}
+
+
+@pytest.mark.parametrize(("field", "value", "rule"), [
+    ("PodName", "../../nodes/n1", SUBDOMAIN_RULE),
+    ("PodName", "P", SUBDOMAIN_RULE),
+    ("PodName", "a/b", SUBDOMAIN_RULE),
+    ("PodName", "a?x=1", SUBDOMAIN_RULE),
+    ("PodName", "-a", SUBDOMAIN_RULE),
+    ("PodName", "a" * 254, SUBDOMAIN_RULE),
+    ("PodNamespace", "kube-system/pods", LABEL_RULE),
+    ("PodNamespace", "a.b", LABEL_RULE),
+    ("PodNamespace", "a" * 64, LABEL_RULE),
+    ("PodNamespace", "%2e%2e", LABEL_RULE),
+    ("Node", "n1/../../x", SUBDOMAIN_RULE),
+    ("Node", "N1", SUBDOMAIN_RULE),
+    ("Node", "n1 ", SUBDOMAIN_RULE),
+    ("Node", "a..b", SUBDOMAIN_RULE),
+    ("PodUID", "u/../x", "must be a pod UID"),
+    ("PodUID", "u" * 129, "must be a pod UID"),
+])
+def test_binding_names_are_dns_1123_before_any_path_is_built(
+        field: str, value: str, rule: str) -> None:
+    """Names that would change the API path the bind writes to (or that the API server would
+    never have given an object) are refused with the field and the rule."""
+    assert wire.parse_binding(GOOD_BINDING).node == "n1.x"
+    with pytest.raises(ValidationError) as e:
+        wire.parse_binding({**GOOD_BINDING, field: value})
+    assert e.value.field == field and rule in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize(("meta", "field", "rule"), [
+    ({"name": "../x"}, "Pod.metadata.name", SUBDOMAIN_RULE),
+    ({"name": "p", "namespace": "a/b"}, "Pod.metadata.namespace", LABEL_RULE),
+    ({"name": "p", "namespace": "A"}, "Pod.metadata.namespace", LABEL_RULE),
+])
+def test_a_filtered_pod_names_are_dns_1123(meta: dict[str, str], field: str, rule: str) -> None:
+    """The pod's name and namespace name its Events' paths: checked as well."""
+    pod = {**kobjects.pod("p"), "metadata": meta}
+    with pytest.raises(ValidationError) as e:
+        wire.parse_args({"Pod": pod, "NodeNames": ["n1"]})
+    assert e.value.field == field and rule in str(e.value), str(e.value)
+
+
 def test_priority_list_and_binding_result() -> None:
     assert wire.priority_list({"a": 10, "b": 3, "c": 0}) == [{"Host": "a", "Score": 10},
                                                              {"Host": "b", "Score": 3}]

@@ -1,5 +1,6 @@
-"""Throwaway TLS material for tests: a CA and a server certificate for 127.0.0.1/localhost
-(needs the ``cryptography`` package, part of the ``test`` extra)."""
+"""Throwaway TLS material for tests: a CA, a server certificate for 127.0.0.1/localhost and a
+client certificate signed by the same CA (needs the ``cryptography`` package, part of the
+``test`` extra)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,19 @@ class CertificateFiles:
     ca_cert: Path  # PEM: the CA that signed the server certificate (for clients to trust)
     cert: Path  # PEM: the server certificate
     key: Path  # PEM: the server key (unencrypted)
+    # PEM: a client certificate (client auth only) signed by the same CA, and its key: a
+    # caller the extender's verb port admits (as kube-scheduler with the chart's)
+    client_cert: Path
+    client_key: Path
 
 
 def make_certificates(
-    directory: Path, hosts: tuple[str, ...] = ("127.0.0.1", "localhost")
+    directory: Path, hosts: tuple[str, ...] = ("127.0.0.1", "localhost"),
+    *, client_auth: bool = True
 ) -> CertificateFiles:
-    """Write a CA and a server certificate valid for ``hosts`` (IPs or DNS names) for one day."""
+    """Write a CA, a server certificate valid for ``hosts`` (IPs or DNS names; with
+    ``client_auth`` usable for client auth too, as Helm's genSignedCert makes it) and a client
+    certificate, for one day."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -66,21 +74,42 @@ def make_certificates(
         .not_valid_after(now + dt.timedelta(days=1))
         .add_extension(x509.SubjectAlternativeName(names), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(
+            [ExtendedKeyUsageOID.SERVER_AUTH]
+            + ([ExtendedKeyUsageOID.CLIENT_AUTH] if client_auth else [])), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
         )
         .sign(ca_key, hashes.SHA256())
     )
-    out = CertificateFiles(directory / "ca.crt", directory / "tls.crt", directory / "tls.key")
-    out.ca_cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    out.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    out.key.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
+    client_key = ec.generate_private_key(ec.SECP256R1())
+    client = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sharegpu test client")]))
+        .issuer_name(ca_name)
+        .public_key(client_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
         )
+        .sign(ca_key, hashes.SHA256())
     )
-    out.key.chmod(0o600)
+    out = CertificateFiles(directory / "ca.crt", directory / "tls.crt", directory / "tls.key",
+                           directory / "client.crt", directory / "client.key")
+    out.ca_cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    for path, c in ((out.cert, cert), (out.client_cert, client)):
+        path.write_bytes(c.public_bytes(serialization.Encoding.PEM))
+    for path, k in ((out.key, key), (out.client_key, client_key)):
+        path.write_bytes(
+            k.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+        )
+        path.chmod(0o600)
     return out

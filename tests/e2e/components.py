@@ -137,9 +137,12 @@ def install_chart(cp: ControlPlane, namespace: str, release: str = "sharegpu",
     return [d for d in yaml.safe_load_all(out) if d]
 
 
-def scheduler_config(docs: Sequence[Mapping[str, Any]], extender_url: str) -> dict[str, Any]:
+def scheduler_config(docs: Sequence[Mapping[str, Any]], extender_url: str,
+                     client_tls: Path | None = None) -> dict[str, Any]:
     """The chart's KubeSchedulerConfiguration with the extender's urlPrefix set to
-    ``extender_url`` (the chart names the in-cluster Service)."""
+    ``extender_url`` (the chart names the in-cluster Service) and, with ``client_tls``, its
+    client certificate read from that directory (tls.crt, tls.key) instead of the pod's
+    mount."""
     for d in docs:
         if d.get("kind") != "ConfigMap":
             continue
@@ -148,6 +151,10 @@ def scheduler_config(docs: Sequence[Mapping[str, Any]], extender_url: str) -> di
             if isinstance(cfg, dict) and cfg.get("kind") == "KubeSchedulerConfiguration":
                 for ext in cfg.get("extenders") or []:
                     ext["urlPrefix"] = extender_url
+                    tls = ext.get("tlsConfig") or {}
+                    if client_tls is not None and "certFile" in tls:
+                        tls["certFile"] = str(client_tls / "tls.crt")
+                        tls["keyFile"] = str(client_tls / "tls.key")
                 return cfg
     raise AssertionError("the chart renders no KubeSchedulerConfiguration")
 

@@ -206,10 +206,28 @@ def extender_tls_secret(docs: Sequence[Mapping[str, Any]]) -> dict[str, bytes]:
     raise AssertionError("the chart renders no extender TLS Secret")
 
 
-def write_tls(directory: Path, data: Mapping[str, bytes]) -> Path:
-    """The Secret's files as the pod's mount /tls has them."""
+def extender_client_secret(docs: Sequence[Mapping[str, Any]]) -> dict[str, bytes] | None:
+    """The data of the chart's Secret with kube-scheduler's client certificate for the
+    extender (tls.crt, tls.key), decoded; None for a chart without one (an older version's,
+    compared in bench/)."""
+    for d in docs:
+        if d["kind"] == "Secret" and d["metadata"]["name"].endswith("-extender-client-tls"):
+            return {k: base64.b64decode(v) for k, v in d["data"].items()}
+    return None
+
+
+def write_client_tls(directory: Path, docs: Sequence[Mapping[str, Any]]) -> Path | None:
+    """kube-scheduler's client certificate from the chart's Secret, as its mount has it."""
+    data = extender_client_secret(docs)
+    return write_tls(directory, data, keys=("tls.crt", "tls.key")) if data else None
+
+
+def write_tls(directory: Path, data: Mapping[str, bytes],
+              keys: Sequence[str] = ("ca.crt", "tls.crt", "tls.key")) -> Path:
+    """The Secret's files as the pod's mount has them (/tls; the scheduler's client
+    certificate: ``keys`` tls.crt and tls.key)."""
     directory.mkdir(parents=True, exist_ok=True)
-    for k in ("ca.crt", "tls.crt", "tls.key"):
+    for k in keys:
         (directory / k).write_bytes(data[k])
     (directory / "tls.key").chmod(0o600)
     return directory
@@ -232,16 +250,23 @@ class _VerifiedHTTPS(http.client.HTTPSConnection):
 @dataclass(frozen=True)
 class LocalExtender:
     proc: SharegpuProcess
-    url: str  # https://127.0.0.1:PORT: the verbs (and health, metrics), TLS
+    url: str  # https://127.0.0.1:PORT: the verbs (and health, metrics), mutual TLS
     metrics_url: str  # http://127.0.0.1:PORT: GET /healthz, /readyz, /metrics only
     ca_pem: str  # the chart's CA
     server_name: str  # the Service's name the certificate carries
+    # kube-scheduler's client certificate: tls.crt, tls.key (None: an older chart's, without)
+    client_tls: Path | None
 
     def client(self) -> ssl.SSLContext:
-        return ssl.create_default_context(cadata=self.ca_pem)
+        """As kube-scheduler connects: the chart's CA, and its client certificate."""
+        ctx = ssl.create_default_context(cadata=self.ca_pem)
+        if self.client_tls is not None:
+            ctx.load_cert_chain(self.client_tls / "tls.crt", self.client_tls / "tls.key")
+        return ctx
 
     def post(self, path: str, body: Any, timeout: float = 10.0) -> Any:
-        """POST over TLS, verified with the chart's CA under the Service's name."""
+        """POST over mutual TLS, verified with the chart's CA under the Service's name,
+        presenting kube-scheduler's client certificate."""
         host, port = self.url.removeprefix("https://").split(":")
         conn = _VerifiedHTTPS(host, int(port), self.client(), self.server_name, timeout)
         try:
@@ -280,19 +305,22 @@ def start_extender(cp: ControlPlane, docs: Sequence[Mapping[str, Any]], identity
     proc = SharegpuProcess(cp, f"extender-{identity}", args,
                            env={"POD_NAME": identity, "POD_IP": "127.0.0.1",
                                 **(env or {})}).start()
+    client = write_client_tls(cp.workdir / f"extender-client-tls-{identity}", docs)
     ext = LocalExtender(proc, f"https://127.0.0.1:{port}", f"http://127.0.0.1:{metrics}",
-                        (tls / "ca.crt").read_text(), server_name)
+                        (tls / "ca.crt").read_text(), server_name, client)
     proc.wait_http(ext.metrics_url + "/readyz", timeout=60)
     return ext
 
 
 def scheduler_config_for(cp: ControlPlane, docs: Sequence[Mapping[str, Any]], release: str,
                          namespace: str, extender_url: str) -> dict[str, Any]:
-    """The chart's KubeSchedulerConfiguration (only urlPrefix changed); its client is the chart's
-    scheduler ServiceAccount (in the cluster: in-cluster config of that ServiceAccount)."""
+    """The chart's KubeSchedulerConfiguration (only urlPrefix changed, and the client
+    certificate's files where this machine has them); its client is the chart's scheduler
+    ServiceAccount (in the cluster: in-cluster config of that ServiceAccount)."""
     from .components import scheduler_config
 
-    cfg = scheduler_config(docs, extender_url)
+    client = write_client_tls(cp.workdir / f"scheduler-client-tls-{release}-{namespace}", docs)
+    cfg = scheduler_config(docs, extender_url, client_tls=client)
     kubeconfig = cp.service_account_kubeconfig(namespace, f"{fullname(release)}-scheduler",
                                                create=False)
     cfg["clientConnection"] = {"kubeconfig": str(kubeconfig)}
@@ -632,6 +660,7 @@ __all__ = [
     "StandInKubelets",
     "cleanup",
     "extender_args",
+    "extender_client_secret",
     "extender_tls_secret",
     "gpu_node",
     "gpu_node_object",
@@ -649,5 +678,6 @@ __all__ = [
     "start_extender",
     "wait_allowed",
     "wait_for",
+    "write_client_tls",
     "write_tls",
 ]

@@ -414,6 +414,7 @@ def test_upgrade_keeps_the_webhook_certificate(release: Release) -> None:
     dep_path = f"/apis/apps/v1/namespaces/{ns}/deployments/{name}"
     ext = release.name("extender")
     ext_secret = f"/api/v1/namespaces/{ns}/secrets/{ext}-tls"
+    ext_client_secret = f"/api/v1/namespaces/{ns}/secrets/{ext}-client-tls"
     ext_dep = f"/apis/apps/v1/namespaces/{ns}/deployments/{ext}"
     sched_cm = f"/api/v1/namespaces/{ns}/configmaps/{release.name('scheduler')}-config"
     sched_dep = f"/apis/apps/v1/namespaces/{ns}/deployments/{release.name('scheduler')}"
@@ -424,7 +425,9 @@ def test_upgrade_keeps_the_webhook_certificate(release: Release) -> None:
                 get_json(cp, dep_path)["spec"]["template"],
                 # the extender's certificate and the CA kube-scheduler verifies it with
                 get_json(cp, ext_secret)["data"], get_json(cp, ext_dep)["spec"]["template"],
-                get_json(cp, sched_cm)["data"], get_json(cp, sched_dep)["spec"]["template"])
+                get_json(cp, sched_cm)["data"], get_json(cp, sched_dep)["spec"]["template"],
+                # kube-scheduler's client certificate for the extender
+                get_json(cp, ext_client_secret)["data"])
 
     before = state()
     ca_data = yaml.safe_load(before[5]["config.yaml"])["extenders"][0]["tlsConfig"]["caData"]
@@ -539,13 +542,18 @@ def start_extender(release: Release, identity: str) -> LocalExtender:
     secret = get_json(cp, f"/api/v1/namespaces/{ns}/secrets/{name}-tls")
     tls = write_tls(cp.workdir / f"chart-tls-{identity}",
                     {k: base64.b64decode(v) for k, v in secret["data"].items()})
+    assert "--tls-client-ca=/tls/ca.crt" in chart_args
+    client_secret = get_json(cp, f"/api/v1/namespaces/{ns}/secrets/{name}-client-tls")
+    client = write_tls(cp.workdir / f"chart-client-tls-{identity}",
+                       {k: base64.b64decode(v) for k, v in client_secret["data"].items()},
+                       keys=("tls.crt", "tls.key"))
     args = with_flags(chart_args, listen=f"127.0.0.1:{port}", id=identity,
                       kubeconfig=str(kubeconfig), metrics_listen=f"127.0.0.1:{metrics}",
                       tls_cert=str(tls / "tls.crt"), tls_key=str(tls / "tls.key"),
-                      tls_ca=str(tls / "ca.crt"))
+                      tls_ca=str(tls / "ca.crt"), tls_client_ca=str(tls / "ca.crt"))
     proc = SharegpuProcess(cp, f"chart-{identity}", args).start()
     ext = LocalExtender(proc, f"https://127.0.0.1:{port}", f"http://127.0.0.1:{metrics}",
-                        (tls / "ca.crt").read_text(), server_name)
+                        (tls / "ca.crt").read_text(), server_name, client)
     try:
         proc.wait_http(f"{ext.metrics_url}/readyz", timeout=60)
     except BaseException:
@@ -577,9 +585,10 @@ def test_extender_runs_as_its_service_account(release: Release, gpu_node: str) -
 
         # Its writes, through its own ServiceAccount: a GPU pod (in the release namespace,
         # which the chart's webhook leaves alone; a scheduler name nothing runs, so only this
-        # bind places it) is refused for a node that does not exist (an Event says why), then
-        # bound to the GPU node: decision annotations (patch pods) and the binding
-        # (pods/binding).
+        # bind places it) is refused for a node that does not exist (an Event says why), and,
+        # being of no profile that calls the extender, refused until the extender's filter
+        # passed it (as kube-scheduler sends it); then bound to the GPU node: decision
+        # annotations (patch pods) and the binding (pods/binding).
         gpu_pod = admin.create(Pod.from_dict({
             "metadata": {"name": "e2e-bind-me"},
             "spec": {"schedulerName": "sharegpu-e2e-nobody", "containers": [{
@@ -588,9 +597,18 @@ def test_extender_runs_as_its_service_account(release: Release, gpu_node: str) -
         args = {"PodName": gpu_pod.metadata.name, "PodNamespace": ns,
                 "PodUID": gpu_pod.metadata.uid}
         refused = ext.post("/bind", {**args, "Node": "e2e-no-such-node"})  # over TLS, verified
-        assert refused["Error"], refused
+        assert "node e2e-no-such-node does not exist" in refused["Error"], refused
+        refused = ext.post("/bind", {**args, "Node": gpu_node})
+        assert "is not this extender's to bind: its schedulerName 'sharegpu-e2e-nobody'" in \
+            refused["Error"], refused
+        assert not admin.get(Pod, gpu_pod.metadata.name, namespace=ns).spec.nodeName
 
         def bound() -> bool:
+            # kube-scheduler's sequence: the filter (which passes the pod), then the bind
+            pod = admin.get(Pod, gpu_pod.metadata.name, namespace=ns).to_dict()
+            passed = ext.post("/filter", {"Pod": pod, "NodeNames": [gpu_node]})
+            if passed.get("NodeNames") != [gpu_node]:
+                return False
             return ext.post("/bind", {**args, "Node": gpu_node}).get("Error") == ""
 
         wait_for("a bind to the GPU node", bound, timeout=30, every=0.5)
@@ -603,7 +621,7 @@ def test_extender_runs_as_its_service_account(release: Release, gpu_node: str) -
             e for e in admin.list(Event, namespace=ns, fields={
                 "involvedObject.name": gpu_pod.metadata.name})
             if e.reason == "GPUSharingBindFailed"])
-        assert "e2e-no-such-node" in events[0].message
+        assert any("e2e-no-such-node" in e.message for e in events), [e.message for e in events]
         assert proc.alive()
         assert log_problems(proc) == [], proc.log_tail()
     finally:
@@ -624,7 +642,7 @@ def test_kube_scheduler_runs_as_its_service_account(release: Release, gpu_node: 
     (cm,) = [d for d in release.docs("ConfigMap") if d["metadata"]["name"].endswith(
         "scheduler-config")]
     # only urlPrefix's host and port change: https, caData and serverName are the chart's
-    config = scheduler_config([cm], ext.url)
+    config = scheduler_config([cm], ext.url, client_tls=ext.client_tls)
     assert config["extenders"][0]["tlsConfig"]["serverName"] == ext.server_name
     assert config["leaderElection"] == {"leaderElect": True, "resourceNamespace": ns,
                                         "resourceName": "ack-co-scheduler"}

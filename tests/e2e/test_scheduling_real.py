@@ -31,6 +31,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -419,7 +420,10 @@ def test_real_kube_scheduler_places_gpu_pods(controlplane: ControlPlane, admin: 
         cfg = scheduler_config_for(controlplane, docs, RELEASE, ns, url)
         assert url.startswith("https://127.0.0.1:")
         assert cfg["extenders"][0]["enableHTTPS"] is True
-        assert set(cfg["extenders"][0]["tlsConfig"]) == {"caData", "serverName"}
+        tls = cfg["extenders"][0]["tlsConfig"]
+        assert set(tls) == {"caData", "serverName", "certFile", "keyFile"}
+        # kube-scheduler presents the chart's client certificate: the extender answers no other
+        assert Path(tls["certFile"]).read_bytes().startswith(b"-----BEGIN CERTIFICATE-----")
         controlplane.restart_scheduler(config=cfg, extra_args=["--leader-elect=true", "--v=2"])
         watch = StandInKubelets(controlplane.admin_kubeconfig, ns).start()
         pods = _pods(run)

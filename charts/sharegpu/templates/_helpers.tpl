@@ -66,11 +66,19 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{ .Values.extender.tls.existingSecret | default (printf "%s-tls" (include "sharegpu.extenderService" .)) }}
 {{- end -}}
 
+{{/* kube-scheduler's client certificate for the extender's verbs (kubernetes.io/tls) */}}
+{{- define "sharegpu.extenderClientSecret" -}}
+{{ .Values.extender.tls.existingClientSecret | default (printf "%s-client-tls" (include "sharegpu.extenderService" .)) }}
+{{- end -}}
+
 {{/*
-The extender's CA, certificate and key (base64 PEM) as JSON {"ca", "crt", "key"}: kept from the
-chart's Secret in the cluster (lookup; empty under helm template) or made here: a CA and a
-certificate for the Service's DNS names. Made once per render (kept in .Values._extenderTLS), so
-the Secret, the Deployment's checksum and the scheduler's caData agree. {} with existingSecret.
+The extender's CA, certificate and key and kube-scheduler's client certificate and key (base64
+PEM) as JSON {"ca", "crt", "key", "clientCrt", "clientKey"}: kept from the chart's Secrets in the
+cluster (lookup; empty under helm template) or made here: a CA, a certificate for the Service's
+DNS names (server and client auth: a follower presents it to the leader) and a client
+certificate, both signed by the CA, which the extender requires of every caller. Made once per
+render (kept in .Values._extenderTLS), so the Secrets, the checksums and the scheduler's caData
+agree. {} with existingSecret.
 */}}
 {{- define "sharegpu.extenderTLS" -}}
 {{- if .Values.extender.tls.existingSecret -}}
@@ -79,14 +87,18 @@ the Secret, the Deployment's checksum and the scheduler's caData agree. {} with 
 {{- if not (hasKey .Values "_extenderTLS") -}}
 {{- $name := include "sharegpu.extenderService" . -}}
 {{- $old := lookup "v1" "Secret" .Release.Namespace (include "sharegpu.extenderTLSSecret" .) -}}
+{{- $oldClient := lookup "v1" "Secret" .Release.Namespace (include "sharegpu.extenderClientSecret" .) -}}
 {{- $out := dict -}}
-{{- if and $old $old.data (index $old.data "ca.crt") -}}
-{{- $out = dict "ca" (index $old.data "ca.crt") "crt" (index $old.data "tls.crt") "key" (index $old.data "tls.key") -}}
+{{- if and $old $old.data (index $old.data "ca.crt") $oldClient $oldClient.data (index $oldClient.data "tls.crt") -}}
+{{- $out = dict "ca" (index $old.data "ca.crt") "crt" (index $old.data "tls.crt") "key" (index $old.data "tls.key") "clientCrt" (index $oldClient.data "tls.crt") "clientKey" (index $oldClient.data "tls.key") -}}
 {{- else -}}
+{{- /* new, or from a release without a client certificate: all made afresh (the CA's key is
+kept nowhere), and both Deployments roll on the new checksums */ -}}
 {{- $svc := include "sharegpu.extenderServerName" . -}}
 {{- $ca := genCA (printf "%s-ca" $name) 3650 -}}
 {{- $cert := genSignedCert $svc nil (list $svc (printf "%s.cluster.local" $svc) (printf "%s.%s" $name .Release.Namespace) $name) 3650 $ca -}}
-{{- $out = dict "ca" ($ca.Cert | b64enc) "crt" ($cert.Cert | b64enc) "key" ($cert.Key | b64enc) -}}
+{{- $client := genSignedCert (printf "%s-scheduler" (include "sharegpu.fullname" .)) nil nil 3650 $ca -}}
+{{- $out = dict "ca" ($ca.Cert | b64enc) "crt" ($cert.Cert | b64enc) "key" ($cert.Key | b64enc) "clientCrt" ($client.Cert | b64enc) "clientKey" ($client.Key | b64enc) -}}
 {{- end -}}
 {{- $_ := set .Values "_extenderTLS" $out -}}
 {{- end -}}
@@ -99,6 +111,11 @@ the Secret, the Deployment's checksum and the scheduler's caData agree. {} with 
 /etc/sharegpu-extender-ca
 {{- end -}}
 
+{{/* where kube-scheduler finds its client certificate for the extender (tls.crt, tls.key) */}}
+{{- define "sharegpu.extenderClientDir" -}}
+/etc/sharegpu-extender-client
+{{- end -}}
+
 {{/* the extenders[] entry of a KubeSchedulerConfiguration */}}
 {{- define "sharegpu.extenderConfig" -}}
 - urlPrefix: {{ include "sharegpu.extenderURL" . }}
@@ -108,10 +125,12 @@ the Secret, the Deployment's checksum and the scheduler's caData agree. {} with 
   weight: {{ .Values.scheduler.extenderWeight }}
   {{- if .Values.extender.tls.enabled }}
   # TLS verified with the extender's CA under the Service's name (also when urlPrefix names an
-  # IP address)
+  # IP address); the client certificate is what the extender requires of every caller
   enableHTTPS: true
   tlsConfig:
     serverName: {{ include "sharegpu.extenderServerName" . }}
+    certFile: {{ include "sharegpu.extenderClientDir" . }}/tls.crt
+    keyFile: {{ include "sharegpu.extenderClientDir" . }}/tls.key
     {{- if .Values.extender.tls.existingSecret }}
     caFile: {{ include "sharegpu.extenderCADir" . }}/ca.crt
     {{- else }}

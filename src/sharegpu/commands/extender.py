@@ -30,8 +30,11 @@ def listen_address(text: str, flag: str = "--listen") -> tuple[str, int]:
 
 
 def ssl_context(
-    cert: str | None, key: str | None, *, required: bool = False
+    cert: str | None, key: str | None, *, required: bool = False, client_ca: str | None = None
 ) -> ssl.SSLContext | None:
+    """The server's context; with ``client_ca``, every client must present a certificate
+    signed by that CA (and only by it: no system CA is trusted for clients), or the handshake
+    fails before any request is read."""
     if bool(cert) != bool(key):
         raise ValidationError("--tls-cert/--tls-key", cert or key, "give both or neither")
     if not cert:
@@ -46,6 +49,15 @@ def ssl_context(
             "--tls-cert", cert, f"cannot load the certificate and key (--tls-key={key!r}): {e}; "
             "give a readable PEM certificate and its key"
         ) from None
+    if client_ca is not None:
+        try:
+            ctx.load_verify_locations(cafile=client_ca)
+        except (OSError, ssl.SSLError) as e:
+            raise ValidationError(
+                "--tls-client-ca", client_ca, f"cannot load the CA certificate: {e}; give the "
+                "CA that signs the callers' client certificates (the chart mounts ca.crt)"
+            ) from None
+        ctx.verify_mode = ssl.CERT_REQUIRED
     return ctx
 
 
@@ -61,22 +73,27 @@ def client_context(ca: str | None, flag: str = "--tls-ca") -> ssl.SSLContext:
 
 def handshake_in_memory(server: ssl.SSLContext, client: ssl.SSLContext, name: str) -> None:
     """A TLS handshake in memory: ``client`` verifying ``server``'s certificate under ``name``
-    (raises ssl.SSLError when it does not verify)."""
+    and, where ``server`` asks for one, ``server`` verifying the client's. Raises the
+    ssl.SSLError of the end that refused, with ``side`` set on it: "client" (the server's
+    certificate did not verify) or "server" (the client's certificate was refused)."""
     c_in, c_out, s_in, s_out = (ssl.MemoryBIO() for _ in range(4))
     c = client.wrap_bio(c_in, c_out, server_hostname=name)
     s = server.wrap_bio(s_in, s_out, server_side=True)
-    done = {"c": False, "s": False}
+    done = {"client": False, "server": False}
     for _ in range(20):
-        for key, end in (("c", c), ("s", s)):
-            if not done[key]:
+        for side, end in (("client", c), ("server", s)):
+            if not done[side]:
                 try:
                     end.do_handshake()
-                    done[key] = True
+                    done[side] = True
                 except ssl.SSLWantReadError:
                     pass
+                except ssl.SSLError as e:
+                    e.side = side  # type: ignore[attr-defined]
+                    raise
         s_in.write(c_out.read())
         c_in.write(s_out.read())
-        if done["c"] and done["s"]:
+        if done["client"] and done["server"]:
             return
     raise ssl.SSLError("the handshake did not complete")
 
@@ -84,14 +101,18 @@ def handshake_in_memory(server: ssl.SSLContext, client: ssl.SSLContext, name: st
 @dataclass(frozen=True)
 class Tls:
     server: ssl.SSLContext | None  # None: plain HTTP (--insecure)
-    peer: ssl.SSLContext | None  # verifies the leader when a follower forwards a bind
+    # verifies the leader when a follower forwards a bind, and presents this replica's
+    # certificate to it
+    peer: ssl.SSLContext | None
     server_name: str  # the name the replicas' certificate carries (checked when forwarding)
 
 
 def tls_settings(args: argparse.Namespace) -> Tls:
-    """TLS unless ``--insecure``: the certificate and key must load, and with leader election
-    the CA and the server name must verify this replica's own certificate (as a follower will
-    verify the leader's), so a wrong Secret is refused at start, not at the first bind."""
+    """TLS unless ``--insecure``, every caller presenting a client certificate signed by
+    ``--tls-client-ca``: the certificate and key must load, and with leader election the CA
+    and the server name must verify this replica's own certificate (as a follower will verify
+    the leader's) and the client CA must accept it (as the leader will accept a follower's),
+    so a wrong Secret is refused at start, not at the first bind."""
     if args.insecure:
         if args.tls_cert or args.tls_key:
             raise ValidationError("--insecure", True, "contradicts --tls-cert/--tls-key: "
@@ -101,7 +122,12 @@ def tls_settings(args: argparse.Namespace) -> Tls:
         raise ValidationError("--tls-cert", None, "is required: serve TLS with --tls-cert and "
                               "--tls-key (the chart mounts its certificate), or pass --insecure "
                               "for plain HTTP (development only)")
-    server = ssl_context(args.tls_cert, args.tls_key)
+    server = ssl_context(args.tls_cert, args.tls_key, client_ca=args.tls_client_ca or None)
+    if not args.tls_client_ca:
+        raise ValidationError("--tls-client-ca", None, "is required with --tls-cert: the verbs "
+                              "answer only callers with a client certificate signed by this CA "
+                              "(kube-scheduler's; a follower forwarding a bind presents its own "
+                              "--tls-cert); the chart mounts ca.crt")
     assert server is not None
     if args.no_leader_election:
         return Tls(server, None, "")
@@ -115,10 +141,17 @@ def tls_settings(args: argparse.Namespace) -> Tls:
                               "followers check the leader against (the chart passes the "
                               "Service's name)")
     peer = client_context(args.tls_ca)
+    # a follower forwarding a bind is a caller of the leader's verbs: it presents its own
+    peer.load_cert_chain(args.tls_cert, args.tls_key)
     try:
         handshake_in_memory(server, peer, args.tls_server_name)
     except ssl.SSLError as e:
         reason = getattr(e, "verify_message", "") or e.reason or str(e)
+        if getattr(e, "side", "") == "server":
+            raise ValidationError("--tls-client-ca", args.tls_client_ca,
+                                  f"does not accept the certificate in --tls-cert as a client "
+                                  f"({reason}): a follower presents it when it forwards a bind; "
+                                  "sign it with this CA, for client auth too") from None
         raise ValidationError("--tls-server-name", args.tls_server_name,
                               f"the certificate in --tls-cert does not verify with --tls-ca "
                               f"under this name ({reason}): give the CA that signed it and a "
@@ -135,6 +168,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-ca", help="the CA (PEM) that signed the replicas' certificate: a "
                    "follower verifies the leader with it when it forwards a bind (required with "
                    "--tls-cert and leader election)")
+    p.add_argument("--tls-client-ca", help="the CA (PEM) that signs the certificates of the "
+                   "verbs' callers: every connection to --listen must present one, or the "
+                   "handshake fails before a request is read (kube-scheduler's client "
+                   "certificate; a follower forwarding a bind presents its own --tls-cert). "
+                   "Required with --tls-cert")
     p.add_argument("--tls-server-name", help="a DNS name the replicas' certificate carries "
                    "(the Service's): a follower connects to the leader's IP and checks its "
                    "certificate under this name (required with --tls-cert and leader election)")
@@ -189,6 +227,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="namespace/name of this replica's pod: labelled "
                         "sharegpu.io/extender-serving=true while it serves the verbs (the "
                         "chart's Service selects on it); unset: no label")
+    p.add_argument("--scheduler-names", default="ack-co-scheduler",
+                   help="schedulerNames whose profiles call this extender, comma-separated: a "
+                        "bind of a pod that names another (and that no filter of this replica "
+                        "passed) is refused (default ack-co-scheduler; the chart passes "
+                        "scheduler.name, or default-scheduler with scheduler.mode=default)")
+    p.add_argument("--gpu-pods-only", action="store_true",
+                   help="the scheduler sends this extender only pods asking for GPU resources "
+                        "(its managedResources: the chart's scheduler.mode=default): a bind of "
+                        "any other pod is refused")
     p.add_argument("--dra", action="store_true",
                    help="DRA mode (docs/dra.md): watch resource.k8s.io/v1 ResourceSlices and "
                         "ResourceClaims and rank DRA pods (the chart sets it with "
@@ -207,6 +254,19 @@ def own_pod(given: str | None) -> str:
     if not dns.match(ns) or not dns.match(name):
         raise ValidationError("--own-pod", given, "must be namespace/name (DNS-1123 names)")
     return given
+
+
+def scheduler_names(text: str) -> frozenset[str]:
+    """``--scheduler-names``: one or more DNS-1123 subdomains, comma-separated."""
+    from ..core.k8snames import dns_subdomain
+
+    found = frozenset(n.strip() for n in text.split(",") if n.strip())
+    if not found:
+        raise ValidationError("--scheduler-names", text, "must name at least one scheduler "
+                              "profile that calls this extender")
+    for n in found:
+        dns_subdomain("--scheduler-names", n)
+    return found
 
 
 def max_body_bytes(mib: int) -> int:
@@ -253,6 +313,7 @@ async def _start_retrying(replica, host: str, port: int, ctx, stop: asyncio.Even
 
 async def _serve(args: argparse.Namespace) -> int:
     from ..core.placement.base import get_policy
+    from ..extender.bindscope import BindScope
     from ..extender.kube import KubeApi
     from ..extender.replica import Replica
 
@@ -261,6 +322,7 @@ async def _serve(args: argparse.Namespace) -> int:
     probe = listen_address(args.metrics_listen, "--metrics-listen") if args.metrics_listen \
         else None
     tls = tls_settings(args)
+    scope = BindScope(scheduler_names(args.scheduler_names), gpu_only=args.gpu_pods_only)
     ctx = tls.server
     api = KubeApi.from_url(args.api_url) if args.api_url else KubeApi.from_config(args.kubeconfig)
     replica = Replica(api, identity=args.id, policy=args.policy,
@@ -272,7 +334,7 @@ async def _serve(args: argparse.Namespace) -> int:
                       forward_tls=tls.peer, forward_server_name=tls.server_name,
                       start_wait=args.start_wait, bind_timeout=args.bind_timeout,
                       hold_timeout=args.hold_timeout, own_pod=own_pod(args.own_pod),
-                      dra=args.dra)
+                      dra=args.dra, bind_scope=scope)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

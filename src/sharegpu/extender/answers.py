@@ -264,7 +264,8 @@ class SchedulingAnswers:
         """The node among ``names`` (nodes that passed filter) the policy picks, the one
         prioritize would score 10; None when none is feasible. With ``hold``, the pod's GPUs
         there are chosen and held in flight (:mod:`.pickholds`) until its bind confirms them,
-        so the next pod's filter sees them taken."""
+        so the next pod's filter sees them taken: only for a pod the informer shows waiting
+        (:meth:`~.pickholds.PickHolds.may_hold_for`)."""
         if not names:
             return None
         slots = self.slots_of(names)
@@ -272,7 +273,7 @@ class SchedulingAnswers:
         if best is None:
             return None
         node = names[int(np.flatnonzero(slots == best)[0])]
-        if hold and self.holds.may_hold():
+        if hold and self.holds.may_hold_for(req.key, req.uid):
             try:
                 self.reserve(req, node)
             except PlacementError:  # the bind finds (and reports) the same

@@ -26,6 +26,7 @@ from ..core.annotations import encode
 from ..core.errors import PlacementError, ValidationError
 from ..core.request import PodRequest
 from ..core.state import Reservation
+from .bindscope import BindScope
 from .kube import ApiError, KubeApi
 from .resourcepolicies import Claim, ResourcePolicies
 from .unsettled import DEFAULT_GRACE_S, UnsettledBinds
@@ -82,9 +83,13 @@ class Binder:
                  may_bind: Callable[[], bool] = lambda: True, hints: int = 10000,
                  units: ResourcePolicies | None = None, start_wait: float = 5.0,
                  bind_timeout: float = 7.0, settle_grace: float = DEFAULT_GRACE_S,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, scope: BindScope | None = None) -> None:
+        """``scope``: which pods and nodes it binds (default: pods of the chart's default
+        profile, to nodes the view knows)."""
         self.api = api
         self.metrics = metrics
+        self.scope = scope or BindScope(
+            node_exists=lambda name: self.view().presence.has_node(name))
         self.units = units
         self.start_wait = start_wait  # seconds a bind waits for look-alike pods to start
         # seconds a bind may take to create the binding (kube-scheduler gives up at its
@@ -129,6 +134,7 @@ class Binder:
             if bound_to == args.node:
                 return BindOutcome(args.node, (), already=True)
             raise BindError("bound-elsewhere", f"pod {args.key} is already bound to {bound_to}")
+        self._refuse("not-ours", self.scope.pod_refusal(args.key, pod))
         try:
             req = self.view().reader.request(pod)  # with its host CPU and memory
         except ValidationError as e:
@@ -159,6 +165,7 @@ class Binder:
             return await self._rebind_unsettled(args)
         if not self.may_bind():
             raise BindError("not-leader", "this sharegpu extender replica is not the leader")
+        self._refuse("no-such-node", self.scope.node_refusal(args.node))
         seen = self._seen.pop(args.key, None)
         if seen is not None and (not args.pod_uid or seen.uid == args.pod_uid):
             placed = self.view().placed.get(args.key)
@@ -200,11 +207,14 @@ class Binder:
         except PlacementError as e:
             self._unclaim(args)
             raise BindError("no-fit", str(e)) from None
-        assumed_ns = held_ns if held is not None and r is held else None
+        # an unheld bind's GPUs are chosen now, not when its binding is written (after the
+        # starting-pods wait, while other picks are made with these GPUs taken)
+        chosen_ns = time.time_ns()
+        assumed_ns = held_ns if held is not None and r is held else chosen_ns
         try:
             await self._wait_distinct(req, r, deadline)
             st = self.view().state
-            anns = encode(r.alloc, assume_time_ns=assumed_ns or time.time_ns(),
+            anns = encode(r.alloc, assume_time_ns=assumed_ns or chosen_ns,
                           gpu_capacity=st.gpu_capacity(args.node))
             if claim is not None:
                 anns = {**anns, **claim.annotations}
@@ -428,6 +438,7 @@ class Binder:
                           path: str, deadline: float) -> BindOutcome:
         """A pod without GPUs: the binding, with its ResourcePolicy's annotations (and
         labels)."""
+        self._refuse("not-ours", self.scope.plain_refusal(args.key))
         claim = self._claim(args, req)
         try:
             anns: Mapping[str, str] = {}
@@ -454,6 +465,13 @@ class Binder:
             self._unclaim(args)
             raise
         return BindOutcome(args.node, ())
+
+    @staticmethod
+    def _refuse(reason: str, refusal: str | None) -> None:
+        """A check at the door (:mod:`.bindscope`) that refused: nothing is read or written."""
+        if refusal is not None:
+            raise BindError(reason, refusal)
+
 
 def _labels(claim: Claim | None) -> dict[str, Any]:
     """The labels argument of the patch, only when a unit sets labels."""

@@ -111,6 +111,8 @@ class ClusterCache:
         self.starting = StartingPods(self.naming_nodes, self._trusted)
         # bound GPU pods without a recorded decision, charged conservatively (key -> node)
         self.unseen: dict[str, str] = {}
+        # bound pods whose annotations over-commit their GPUs, counted all the same (key -> node)
+        self.overcommitted: dict[str, str] = {}
         # called with such a pod the first time it is seen (the replica posts an Event)
         self.on_unseen: Callable[[Mapping[str, Any]], None] | None = None
         # bound, live pods whose host CPU and memory the state does not hold with GPUs:
@@ -209,10 +211,16 @@ class ClusterCache:
                 starting.add(key, p[1], p[0], p[2])
             if p[1] in state.index:  # else applied when the node appears
                 records.append(p)
+        overcommitted: dict[str, str] = {}
         for key, reason in state.restore(records):
-            self.problem(key, f"annotations over-commit: {reason}")
+            p = placed.get(key)
+            if p is not None and key not in state.pods and _hold_overfull(
+                    state, self.problem, key, p, reason):
+                overcommitted[key] = p[1]
+                continue
             placed.pop(key, None)
             bad += 1
+        self.overcommitted = overcommitted
         self.gpus.hold_all(state)  # allocated DRA claims, after the pods' records
         for key, r in list(self.inflight.items()):
             try:
@@ -392,6 +400,7 @@ class ClusterCache:
 
     # -- pods ---------------
     def _hold(self, key: str, req: PodRequest, node: str, alloc: Allocation) -> None:
+        self.overcommitted.pop(key, None)
         try:
             try:
                 self.state.reserve(req, node, alloc, check_host=False)
@@ -402,10 +411,11 @@ class ClusterCache:
                     raise
                 self.state.reserve(req, node, alloc, check_host=False)
             self.state.bind(key)
-            self.learned.count(key, req, alloc)
         except PlacementError as e:
-            self.problem(key, f"annotations over-commit: {e}")
-            return
+            if not _hold_overfull(self.state, self.problem, key, (req, node, alloc), str(e)):
+                return
+            self.overcommitted[key] = node
+        self.learned.count(key, req, alloc)
         self._set_host(key, "")  # its CPU and memory are held with its GPUs now
 
     # -- changes seen during a consistency check ---------------
@@ -468,6 +478,7 @@ class ClusterCache:
             if cur is not None:
                 self.scheduler.release(key)
             self.unseen.pop(key, None)
+            self.overcommitted.pop(key, None)
             self._charge_unseen(obj)
             return
         self.unseen.pop(key, None)
@@ -489,6 +500,7 @@ class ClusterCache:
         self.inflight.pop(key, None)
         self.starting.discard(key)
         self.unseen.pop(key, None)
+        self.overcommitted.pop(key, None)
         self._set_host(key, "")
         if key in self.state.pods:
             self.scheduler.release(key)
@@ -548,6 +560,23 @@ def gc_paused() -> Iterator[None]:
     finally:
         if was:
             gc.enable()
+
+
+def _hold_overfull(state: ClusterState, problem: Callable[[str, str], None], key: str,
+                   p: Placed, reason: str) -> bool:
+    """A bound pod whose annotations over-commit its GPUs: counted as they say (the GPU is then
+    overfull and nothing more is placed on it until pods end) and reported, never left out,
+    which would show the GPU emptier than it is and place more pods there. ``False`` (reported,
+    not counted) when they name GPUs the node does not have."""
+    req, node, alloc = p
+    try:
+        state.hold(req, node, alloc)
+    except PlacementError as e:
+        problem(key, f"annotations name GPUs the node does not have, not counted: {e}")
+        return False
+    problem(key, f"annotations over-commit: {reason}; counted as they say: the GPU is overfull, "
+                 "nothing more is placed on it until pods end")
+    return True
 
 
 def _ended(obj: Mapping[str, Any]) -> bool:

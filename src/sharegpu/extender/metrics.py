@@ -129,6 +129,10 @@ class Metrics:
         self.unannotated = Gauge("sharegpu_extender_unannotated_gpu_pods",
                                  "bound GPU pods without a scheduling decision, charged against "
                                  "every GPU of their node", registry=r)
+        self.overcommitted = Gauge("sharegpu_extender_overcommitted_pods",
+                                   "bound pods whose decisions over-commit their GPUs, counted "
+                                   "as they say (those GPUs are overfull: nothing more is "
+                                   "placed on them)", registry=r)
         self.held_picks = Gauge("sharegpu_extender_held_picks",
                                 "picks filter answered with, held until their binds", registry=r)
         self.expired_picks = Gauge("sharegpu_extender_expired_picks",
@@ -146,6 +150,7 @@ class Metrics:
         if view is not None:
             r.register(_PickEnds(view))
             self.unannotated.set_function(lambda: len(view().unseen))
+            self.overcommitted.set_function(lambda: len(view().overcommitted))
             self.held_picks.set_function(lambda: len(view().picks))
             self.expired_picks.set_function(lambda: view().picks.expired_total)
         self.view = view

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..core.pods import is_terminated, node_of
@@ -21,11 +21,14 @@ log = logging.getLogger(__name__)
 
 
 class PickHolds:
-    """The held picks (``picks``) over the cluster cache ``ledger`` that holds their GPUs."""
+    """The held picks (``picks``) over the cluster cache ``ledger`` that holds their GPUs;
+    ``waiting(key, uid)``: whether that pod exists, unbound, as the informer shows it."""
 
-    def __init__(self, ledger: ClusterCache, picks: HeldPicks) -> None:
+    def __init__(self, ledger: ClusterCache, picks: HeldPicks,
+                 waiting: Callable[[str, str], bool] = lambda key, uid: False) -> None:
         self.ledger = ledger
         self.picks = picks
+        self.waiting = waiting
         self.ended: collections.Counter[str] = collections.Counter()  # by reason
 
     def _ended(self, key: str, node: str | None, reason: str, why: str = "") -> None:
@@ -39,6 +42,12 @@ class PickHolds:
 
     def may_hold(self) -> bool:
         return self.picks.may_hold()
+
+    def may_hold_for(self, key: str, uid: str) -> bool:
+        """Whether a pick may be held for this pod: only for a pod that exists, unbound, with
+        this UID (filters of made-up pods hold nothing, so they cannot fill the cluster: at
+        most one pick per pod that exists)."""
+        return self.picks.may_hold() and self.waiting(key, uid)
 
     def held_pick(self, key: str) -> str | None:
         """The node held for ``key`` since its filter, if any."""

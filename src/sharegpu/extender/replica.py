@@ -14,7 +14,8 @@ With TLS, a follower forwards to the leader's pod IP (the URL on the Lease) and 
 leader's certificate with ``forward_tls`` (the CA) under ``forward_server_name``, the Service DNS
 name the replicas' certificate carries: the connection goes to the IP, the handshake names (SNI)
 and checks the Service's name. Nothing is forwarded unverified. The forwarding client is built
-in one place (``_forward_client``).
+in one place (``_forward_client``); ``forward_tls`` also presents the replica's own certificate:
+the leader answers no caller without one its client CA signed.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import httpx2 as httpx
 
 from ..kubeio.aio import cancel_all
 from .bind import Binder
+from .bindscope import BindScope
 from .events import REASON_DRA_UNSCHEDULABLE, REASON_UNANNOTATED, EventRecorder
 from .httpserver import HttpServer
 from .informer import Informer
@@ -68,11 +70,12 @@ class Replica:
                  forward_tls: ssl.SSLContext | None = None, forward_server_name: str = "",
                  start_wait: float = 5.0, bind_timeout: float = 7.0,
                  hold_timeout: float = DEFAULT_HOLD_S, own_pod: str = "",
-                 dra: bool = False) -> None:
+                 dra: bool = False, bind_scope: BindScope | None = None) -> None:
         """``bind_timeout``: seconds from a verb's first byte to its deadline (below
         kube-scheduler's httpTimeout); ``hold_timeout``: seconds a filter's pick stays held
         without its bind; ``own_pod``: ``namespace/name`` of this replica's pod, labelled
-        while it serves the verbs (empty: no label)."""
+        while it serves the verbs (empty: no label); ``bind_scope``: the pods and nodes it
+        binds (default: pods of the chart's default profile, to Nodes that exist)."""
         self.api = api
         self.identity = identity
         self.own_pod = own_pod
@@ -99,9 +102,11 @@ class Replica:
         self._leader_synced = not elect
         self._labelled: bool | None = None  # the serving label as last written
         self._label_task: asyncio.Task[None] | None = None
+        scope = bind_scope or BindScope()
+        scope.node_exists = self.view.presence.has_node
         self.binder = Binder(api, lambda: self.view, self.may_bind, units=self.units,
                              start_wait=start_wait, bind_timeout=bind_timeout,
-                             metrics=self.metrics)
+                             metrics=self.metrics, scope=scope)
         self.events = EventRecorder(api, self.metrics, host=identity)
         self.view.on_unseen = self._unseen
         self.view.on_dra_unschedulable = self._dra_unschedulable

@@ -259,6 +259,10 @@ class ExtenderApp:
         if not isinstance(spec, dict) or not isinstance(meta, dict) or spec.get("resourceClaims"):
             return None
         try:
+            wire.check_pod_names(meta)
+        except ValidationError:
+            return None  # refused by the full reading
+        try:
             req = self.view.reader.request(pod)
         except ValidationError:
             return None

@@ -11,7 +11,8 @@ The parts (one module each):
 - :mod:`.pickholds` (:class:`~.pickholds.PickHolds`): the picks held until their binds;
 - :mod:`.answers` (:class:`~.answers.SchedulingAnswers`): filter, pick, scores, reservation;
 - :mod:`.early_prioritize` (:class:`~.early_prioritize.EarlyPrioritize`): prioritize, kept;
-- :mod:`.gangs` (:class:`~.gangs.GangScheduling`): pod groups, asked first for their pods.
+- :mod:`.gangs` (:class:`~.gangs.GangScheduling`): pod groups, asked first for their pods;
+- :mod:`.presence` (:class:`~.presence.Presence`): the Nodes and unbound pods that exist.
 
 ResourcePolicy (:mod:`.resourcepolicies`) restricts the filter's answer in the server.
 Everything is synchronous and free of I/O; the informer feeds it events and the HTTP handlers
@@ -38,6 +39,7 @@ from .early_prioritize import EarlyPrioritize
 from .gangs import GangScheduling
 from .pickholds import PickHolds
 from .picks import DEFAULT_TIMEOUT_S, HeldPicks
+from .presence import Presence
 
 
 class _Part:
@@ -81,8 +83,9 @@ class ClusterView:
         self.learned = LearnedWorkload(get_policy(policy), refresh=workload_refresh,
                                        fixed=workload)
         self.ledger = ClusterCache(policy, self.learned)
+        self.presence = Presence()
         self.dra = DraState(self.ledger)
-        self.holds = PickHolds(self.ledger, HeldPicks(hold_timeout))
+        self.holds = PickHolds(self.ledger, HeldPicks(hold_timeout), self.presence.waiting)
         self.ledger.gpus = self.dra  # DRA nodes' GPUs come from their ResourceSlices
         self.ledger.give_way = self.holds.drop  # held picks yield to a bound pod's record
         self.ledger.naming_trusted = lambda node: self.agents.serving(node, self.clock())
@@ -132,15 +135,18 @@ class ClusterView:
     # -- the informer's events ---------------
     def upsert_node(self, obj: Mapping[str, Any]) -> None:
         self.agents.observe(_node_name(obj), obj, mono=self.clock(), wall=self.wall())
+        self.presence.upsert_node(obj)
         self.ledger.upsert_node(obj)
 
     def delete_node(self, name: str, *, forget: bool = True) -> None:
         if forget:
             self.agents.forget(name)
+        self.presence.delete_node(name)
         self.ledger.delete_node(name, forget=forget)
 
     def upsert_pod(self, obj: Mapping[str, Any]) -> None:
         key = pod_key(obj)
+        self.presence.upsert_pod(key, obj)
         self.gangs.on_pod(key, obj)
         self.dra.dra_pod_event(key, obj)
         self.holds.on_pod(key, obj)
@@ -148,6 +154,7 @@ class ClusterView:
 
     def delete_pod(self, obj: Mapping[str, Any]) -> None:
         key = pod_key(obj)
+        self.presence.delete_pod(key)
         self.gangs.on_pod_deleted(key)
         self.dra.dra_pod_event(key, None)
         self.learned.forget(key)
@@ -170,6 +177,7 @@ class ClusterView:
             self.agents.forget(name)
         for obj in nodes:  # a node seen before keeps when its heartbeat was last seen to change
             self.agents.observe(_node_name(obj), obj, mono=mono, wall=wall)
+        self.presence.reset(nodes, ((pod_key(p), p) for p in pods))
         with gc_paused():
             if dra is not None:
                 self.dra.load(*dra)
@@ -196,6 +204,7 @@ class ClusterView:
     inflight = _Part("ledger")
     starting = _Part("ledger")
     unseen = _Part("ledger")
+    overcommitted = _Part("ledger")
     on_unseen = _Part("ledger")
     host = _Part("ledger")
     host_sum = _Part("ledger")

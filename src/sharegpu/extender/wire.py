@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.errors import ValidationError
+from ..core.k8snames import dns_label, dns_subdomain
 
 MAX_EXTENDER_PRIORITY = 10
 
@@ -65,6 +66,7 @@ def parse_args(body: Any) -> ExtenderArgs:
     meta = pod.get("metadata")
     if not isinstance(meta, Mapping) or not meta.get("name"):
         raise ValidationError("Pod.metadata.name", None, "must be set")
+    check_pod_names(meta)
     raw_nodes = _field(body, "Nodes")
     raw_names = _field(body, "NodeNames")
     if raw_nodes is not None:
@@ -88,7 +90,25 @@ def parse_args(body: Any) -> ExtenderArgs:
     return ExtenderArgs(pod, list(raw_names), None)
 
 
+def check_pod_names(meta: Mapping[str, Any]) -> None:
+    """The pod's name and namespace, as the API server would accept them (they name the pod's
+    API paths: its Events, its binding)."""
+    name, ns = meta.get("name"), meta.get("namespace")
+    if not isinstance(name, str):
+        raise ValidationError("Pod.metadata.name", name, "must be a string")
+    dns_subdomain("Pod.metadata.name", name)
+    if ns is not None and ns != "":
+        if not isinstance(ns, str):
+            raise ValidationError("Pod.metadata.namespace", ns, "must be a string")
+        dns_label("Pod.metadata.namespace", ns)
+
+
+_UID_MAX = 128
+
+
 def parse_binding(body: Any) -> BindingArgs:
+    """ExtenderBindingArgs, every name checked before any API path is built from it: the pod's
+    name and the node's as DNS-1123 subdomains, the namespace as a DNS-1123 label."""
     if not isinstance(body, Mapping):
         raise ValidationError(
             "body", type(body).__name__, "must be a JSON object (ExtenderBindingArgs)"
@@ -101,7 +121,14 @@ def parse_binding(body: Any) -> BindingArgs:
         if not isinstance(v, str) or (not v and f != "PodUID"):
             raise ValidationError(f, v, "must be a non-empty string")
         out[f] = v
-    return BindingArgs(out["PodName"], out["PodNamespace"], out["PodUID"], out["Node"])
+    dns_subdomain("PodName", out["PodName"])
+    dns_label("PodNamespace", out["PodNamespace"])
+    dns_subdomain("Node", out["Node"])
+    uid = out["PodUID"]
+    if len(uid) > _UID_MAX or not all(c.isascii() and (c.isalnum() or c == "-") for c in uid):
+        raise ValidationError("PodUID", uid, f"must be a pod UID: at most {_UID_MAX} "
+                              "characters of letters, digits and '-'")
+    return BindingArgs(out["PodName"], out["PodNamespace"], uid, out["Node"])
 
 
 def go_safe(text: str) -> str:
