@@ -59,7 +59,7 @@ def test_image_copies_no_test_doubles():
     text = (ROOT / "Dockerfile").read_text()
     copies = [line.split(None, 1)[1] for line in text.splitlines() if line.startswith("COPY ")]
     sources = {w for c in copies if "--from=" not in c for w in c.split()[:-1]}
-    assert sources == {"pyproject.toml", "README.md", "src"}, sources
+    assert sources == {"pyproject.toml", "README.md", "constraints.txt", "src"}, sources
     assert not (ROOT / "src" / "sharegpu" / "testing").exists()
     assert not [f for f in FORMER_DOUBLES if (ROOT / "src" / f).exists()]
     ignored = (ROOT / ".dockerignore").read_text().split()
