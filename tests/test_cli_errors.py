@@ -48,7 +48,8 @@ def test_plot_is_checked_before_the_run(tmp_path):
     r = run("simulate", "--seeds", "42", "--plot", str(tmp_path / "f.png"),
             pre="import sys; sys.modules['matplotlib'] = None")
     assert r.returncode == 2 and r.stdout == ""
-    assert "needs matplotlib: pip install 'sharegpu[plot]'" in one_line(r)
+    assert f"needs matplotlib, which is not installed: {sys.executable} -m pip install matplotlib" \
+        in one_line(r)
 
 
 def test_json_into_a_closed_pipe_is_quiet():
