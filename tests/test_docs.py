@@ -192,3 +192,16 @@ def test_the_notes_say_what_core_mem_holds(backend):
         assert "NOT capped" in clause, clause
     else:
         assert "capped per process by MPS" in clause, clause
+
+
+def test_the_sizing_figures_are_the_benchmarks():
+    """Every MiB figure of the quickstart's sizing paragraph is in bench/README.md, with the
+    benchmark that made it."""
+    sizing = DOC.split("**Sizing.**", 1)[1].split("\n\n", 1)[0]
+    figures = re.findall(r"(\d[\d,.]*) MiB", sizing)
+    assert figures
+    bench = (ROOT / "bench" / "README.md").read_text()
+    for f in figures:
+        assert re.search(rf"\b{re.escape(f)}(\.\d)? MiB", bench), f
+    for script in re.findall(r"`(bench/\w+\.py)`", sizing):
+        assert (ROOT / script).is_file() and script in bench, script
