@@ -4,6 +4,7 @@ naming what is wrong (or, for the extender, one line per retry)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -55,8 +56,11 @@ def test_plot_is_checked_before_the_run(tmp_path):
 def test_json_into_a_closed_pipe_is_quiet():
     cmd = (f"{sys.executable} -m sharegpu.cli simulate --policy bestfit --seeds 42 --json "
            "| head -c 1 >/dev/null")
+    # stdout buffered, as where PYTHONUNBUFFERED is not set (a CI runner): the pipe is met when
+    # the buffer is flushed, which must be inside the command's error handling too
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     r = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True,
-                       timeout=120, cwd=ROOT)
+                       timeout=120, cwd=ROOT, env=env)
     assert "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr
 
 

@@ -75,7 +75,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     args = parser.parse_args(argv)
     try:
-        return int(cmds[args.command].run(args) or 0)
+        code = int(cmds[args.command].run(args) or 0)
+        # buffered output (no PYTHONUNBUFFERED) meets a closed pipe here, not at exit
+        sys.stdout.flush()
+        return code
     except ShareGpuError as e:
         print(f"sharegpu {args.command}: error: {e}", file=sys.stderr)
         return 2
