@@ -12,7 +12,7 @@ ARG BASE_IMAGE=docker.io/library/python:3.12.7-slim-bookworm@sha256:032c52613401
 
 FROM ${BASE_IMAGE} AS build
 WORKDIR /src
-COPY pyproject.toml README.md constraints.txt ./
+COPY pyproject.toml README.md LICENSE constraints.txt ./
 COPY src ./src
 # sharegpu's wheel and every dependency's, at the versions of constraints.txt (PIP_CONSTRAINT
 # also reaches the isolated build environment: setuptools and wheel pinned too)

@@ -65,7 +65,7 @@ multi=""
 [[ "$PLATFORM" == *,* ]] && multi=1
 version=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/sharegpu/Chart.yaml)
 revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
-if [ "$revision" != unknown ] && [ -n "$(git status --porcelain -- Dockerfile pyproject.toml README.md constraints.txt src 2>/dev/null)" ]; then
+if [ "$revision" != unknown ] && [ -n "$(git status --porcelain -- Dockerfile pyproject.toml README.md LICENSE constraints.txt src 2>/dev/null)" ]; then
     revision=$revision-dirty
 fi
 build_args=(--build-arg "VERSION=${version:-unknown}" --build-arg "REVISION=$revision")

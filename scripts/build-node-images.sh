@@ -56,7 +56,7 @@ if [[ "$APP_VERSION" != *-* ]]; then
         || fail "appVersion $APP_VERSION is a released version and there is no tag v$APP_VERSION: the image built from this tree is not $SHAREGPU_REF (between releases the chart carries a pre-release, e.g. 0.2.0-dev; docs/release.md)"
     [ "$(git rev-parse HEAD)" = "$tagged" ] \
         || fail "appVersion $APP_VERSION is a released version and HEAD is not v$APP_VERSION: the image built from this tree is not $SHAREGPU_REF"
-    [ -z "$(git status --porcelain -- Dockerfile pyproject.toml README.md constraints.txt src)" ] \
+    [ -z "$(git status --porcelain -- Dockerfile pyproject.toml README.md LICENSE constraints.txt src)" ] \
         || fail "appVersion $APP_VERSION is a released version and the image's inputs have uncommitted changes: the image built from this tree is not $SHAREGPU_REF"
 fi
 for t in buildah mmdebstrap gcc; do
@@ -139,7 +139,7 @@ timed make_base
 
 # ---- the project's image, from its Dockerfile ----------------------------------------------
 make_sharegpu() {
-    if stale "$OUT/sharegpu.tar" Dockerfile pyproject.toml README.md constraints.txt src \
+    if stale "$OUT/sharegpu.tar" Dockerfile pyproject.toml README.md LICENSE constraints.txt src \
         "$OUT/base.tar" scripts/build-image.sh; then
         bash scripts/build-image.sh --tag "$SHAREGPU_REF" --base "$BASE_REF" \
             --output-archive "$OUT/sharegpu.tar.tmp"

@@ -1012,7 +1012,7 @@ def test_dockerfile_builds_one_image_for_every_component():
     runs = " ".join(rest for w, rest in ins if w == "RUN")
     assert "pip wheel" in runs and "--no-index /wheels/*.whl" in runs
     copies = [rest for w, rest in ins if w == "COPY"]
-    assert "pyproject.toml README.md constraints.txt ./" in copies and "src ./src" in copies
+    assert "pyproject.toml README.md LICENSE constraints.txt ./" in copies and "src ./src" in copies
     # the image checks both console scripts exist
     assert "sharegpu --help" in runs and "kubectl-inspect-cgpu --help" in runs
     assert ("ENTRYPOINT", '["sharegpu"]') in ins

@@ -27,11 +27,11 @@ def test_doubles_known_by_name():
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     """The wheel, built from exactly what the Dockerfile copies (pyproject.toml, README.md,
-    src)."""
+    LICENSE, src)."""
     tmp_path = tmp_path_factory.mktemp("wheel")
     src = tmp_path / "src-copy"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, src / name)
     shutil.copytree(ROOT / "src", src / "src",
                     ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
@@ -68,7 +68,7 @@ def test_image_copies_no_test_doubles():
     text = (ROOT / "Dockerfile").read_text()
     copies = [line.split(None, 1)[1] for line in text.splitlines() if line.startswith("COPY ")]
     sources = {w for c in copies if "--from=" not in c for w in c.split()[:-1]}
-    assert sources == {"pyproject.toml", "README.md", "constraints.txt", "src"}, sources
+    assert sources == {"pyproject.toml", "README.md", "LICENSE", "constraints.txt", "src"}, sources
     assert not (ROOT / "src" / "sharegpu" / "testing").exists()
     assert not [f for f in FORMER_DOUBLES if (ROOT / "src" / f).exists()]
     ignored = (ROOT / ".dockerignore").read_text().split()

@@ -41,7 +41,8 @@ def test_license_is_the_apache_2_text():
     assert "END OF TERMS AND CONDITIONS" in text and "APPENDIX" in text
     assert len(text) > 11000  # the whole text, not a pointer to it
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert project["license"] == {"text": "Apache-2.0"}
+    assert project["license"] == "Apache-2.0"  # an SPDX expression (PEP 639)
+    assert project["license-files"] == ["LICENSE"]
 
 
 def test_one_version_and_a_changelog_section_for_a_release():
