@@ -121,59 +121,20 @@ def test_the_workflow_runs_every_step_of_the_test_command():
     assert ".venv/bin/lint-imports" in runs("test")
 
 
+# minutes of each build from nothing on the shared 2-core machine (docs/release.md)
+COLD = {"scripts/install-tools.sh": 65, "scripts/build-controlplane.sh": 24,
+        "scripts/build-node.sh": 17, "scripts/build-kube-router.sh": 20,
+        "scripts/build-node-images.sh": 6}
+
+
 def test_every_job_has_a_timeout_above_its_cold_build():
-    """The cold builds measured on the shared 2-core machine: helm 65 minutes
-    (docs/release.md), the control plane 8.5 (docs/testing.md); a job that builds them from
-    nothing stays inside its limit."""
+    """A job that builds its tools from nothing (no Go cache) still ends inside its limit, with
+    time left for its tests."""
     for name, job in workflow()["jobs"].items():
         limit = job["timeout-minutes"]
-        text = runs(name)
-        cold = 0.0
-        if "scripts/install-tools.sh" in text:
-            cold += 65
-        if "scripts/build-controlplane.sh" in text:
-            cold += 8.5
-        assert limit > cold * 1.3, (name, limit, cold)
-
-
-def test_the_image_is_built_by_the_shared_script_for_both_platforms_and_pushed():
-    (line,) = [ln.strip() for ln in runs("release").splitlines() if "build-image.sh" in ln]
-    args = shlex.split(line)
-    assert args[:2] == ["bash", "scripts/build-image.sh"]
-    opts = dict(zip(args[2::2], args[3::2], strict=False))
-    assert opts["--builder"] == "docker"
-    assert opts["--platform"] == "linux/amd64,linux/arm64"
-    assert opts["--tag"] == "$IMAGE:$version" and args[-1] == "--push"
-
-
-def test_image_and_chart_go_to_the_registry_the_chart_names():
-    env = workflow()["env"]
-    values = yaml.safe_load((CHART / "values.yaml").read_text())
-    assert env["IMAGE"] == values["image"]["repository"] == "ghcr.io/sharegpu/sharegpu"
-    registry, org = env["IMAGE"].split("/")[:2]
-    assert env["CHART_REPO"] == f"oci://{registry}/{org}/charts"
-    text = runs("release")
-    assert 'helm package charts/sharegpu' in text
-    assert 'helm push "chart/sharegpu-$version.tgz" "$CHART_REPO"' in text
-    login = [s for s in steps("release") if s.get("uses", "").startswith("docker/login-action")]
-    assert login and login[0]["with"]["registry"] == registry
-
-
-def test_both_are_signed_keyless_by_digest():
-    text = runs("release")
-    assert 'cosign sign --yes "$IMAGE@$IMAGE_DIGEST"' in text
-    assert 'cosign sign --yes "${CHART_REPO#oci://}/sharegpu@$CHART_DIGEST"' in text
-    assert "--key" not in text  # keyless: the workflow's OIDC identity
-    assert any(s.get("uses", "").startswith("sigstore/cosign-installer") for s in steps("release"))
-
-
-def test_every_run_block_is_valid_bash():
-    for job in workflow()["jobs"]:
-        for step in steps(job):
-            if "run" in step:
-                script = re.sub(r"\$\{\{[^}]*\}\}", "X", step["run"])
-                r = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
-                assert r.returncode == 0, (job, step.get("name"), r.stderr)
+        cold = sum(m for script, m in COLD.items() if script in runs(name))
+        tests = 60 if "pytest" in runs(name) else 0
+        assert limit >= cold + tests, (name, limit, cold, tests)
 
 
 def version_step(cwd: Path, ref_type: str, ref: str) -> subprocess.CompletedProcess:
