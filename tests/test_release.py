@@ -137,6 +137,46 @@ def test_every_job_has_a_timeout_above_its_cold_build():
         assert limit >= cold + tests, (name, limit, cold, tests)
 
 
+def test_the_image_is_built_by_the_shared_script_for_both_platforms_and_pushed():
+    (line,) = [ln.strip() for ln in runs("release").splitlines() if "build-image.sh" in ln]
+    args = shlex.split(line)
+    assert args[:2] == ["bash", "scripts/build-image.sh"]
+    opts = dict(zip(args[2::2], args[3::2], strict=False))
+    assert opts["--builder"] == "docker"
+    assert opts["--platform"] == "linux/amd64,linux/arm64"
+    assert opts["--tag"] == "$IMAGE:$version" and args[-1] == "--push"
+
+
+def test_image_and_chart_go_to_the_registry_the_chart_names():
+    env = workflow()["env"]
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert env["IMAGE"] == values["image"]["repository"] == "ghcr.io/sharegpu/sharegpu"
+    registry, org = env["IMAGE"].split("/")[:2]
+    assert env["CHART_REPO"] == f"oci://{registry}/{org}/charts"
+    text = runs("release")
+    assert 'helm package charts/sharegpu' in text
+    assert 'helm push "chart/sharegpu-$version.tgz" "$CHART_REPO"' in text
+    login = [s for s in steps("release") if s.get("uses", "").startswith("docker/login-action")]
+    assert login and login[0]["with"]["registry"] == registry
+
+
+def test_both_are_signed_keyless_by_digest():
+    text = runs("release")
+    assert 'cosign sign --yes "$IMAGE@$IMAGE_DIGEST"' in text
+    assert 'cosign sign --yes "${CHART_REPO#oci://}/sharegpu@$CHART_DIGEST"' in text
+    assert "--key" not in text  # keyless: the workflow's OIDC identity
+    assert any(s.get("uses", "").startswith("sigstore/cosign-installer") for s in steps("release"))
+
+
+def test_every_run_block_is_valid_bash():
+    for job in workflow()["jobs"]:
+        for step in steps(job):
+            if "run" in step:
+                script = re.sub(r"\$\{\{[^}]*\}\}", "X", step["run"])
+                r = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
+                assert r.returncode == 0, (job, step.get("name"), r.stderr)
+
+
 def version_step(cwd: Path, ref_type: str, ref: str) -> subprocess.CompletedProcess:
     (step,) = [s for s in steps("versions") if "one version" in s.get("name", "")]
     env = {"GITHUB_REF_NAME": ref, "REF_TYPE": ref_type, "PATH": "/usr/bin:/bin"}
