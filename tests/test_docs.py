@@ -205,3 +205,21 @@ def test_the_sizing_figures_are_the_benchmarks():
         assert re.search(rf"\b{re.escape(f)}(\.\d)? MiB", bench), f
     for script in re.findall(r"`(bench/\w+\.py)`", sizing):
         assert (ROOT / script).is_file() and script in bench, script
+
+
+def test_the_support_matrix_names_the_versions_the_tests_pin():
+    matrix = DOC.split("**What it has been run on**", 1)[1].split("\n\n", 2)[1]
+    k8s = re.search(r"^\s*k8s\.io/kubernetes v(\S+)$",
+                    (ROOT / "e2e" / "controlplane" / "go.mod").read_text(), flags=re.M).group(1)
+    node = (ROOT / "e2e" / "node" / "go.mod").read_text()
+    containerd = re.search(r"github\.com/containerd/containerd/v2 v(\S+)", node).group(1)
+    runc = re.search(r"github\.com/opencontainers/runc v(\S+)", node).group(1)
+    assert f"| Kubernetes | {k8s} " in matrix
+    assert f"containerd {containerd} with runc {runc}" in matrix
+    chart_test = (ROOT / "tests" / "test_chart.py").read_text()
+    rendered = re.search(r'parametrize\("kube", \[([^\]]*)\]\)', chart_test).group(1)
+    for v in re.findall(r'"(\d+\.\d+)\.0"', rendered):
+        assert v in matrix.split("renders and validates for", 1)[1].split("|", 1)[0], v
+    bench = (ROOT / "bench" / "README.md").read_text()
+    driver = re.search(r"driver (\d+\.\d+\.\d+), CUDA (\d+\.\d+)", matrix)
+    assert driver and f"driver {driver.group(1)}, CUDA {driver.group(2)}" in bench
