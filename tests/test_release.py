@@ -84,12 +84,14 @@ def test_the_workflow_tests_every_push_and_releases_only_tags_after_every_test()
 
 
 def root_tests() -> set[str]:
-    """The test files that need root: a real node (tests/e2e/realnode.py) or a check of the
-    effective user."""
+    """The test files that need root: a real node (tests/e2e/realnode.py), a check of the
+    effective user, or the kubelet's device manager or DRA manager (the control plane binary's
+    kubelet-devicemanager and kubelet-dra: a private mount namespace)."""
     out = set()
-    for f in (ROOT / "tests").rglob("test_*.py"):
+    for f in (ROOT / "tests" / "e2e").glob("test_*.py"):
         text = f.read_text()
-        if re.search(r"^from \.realnode import|geteuid\(\) != 0", text, flags=re.M):
+        if re.search(r"^from \.(realnode|devicemanager_play) import|geteuid\(\) != 0"
+                     r'|"kubelet-dra"', text, flags=re.M):
             out.add(f.relative_to(ROOT).as_posix())
     return out
 
