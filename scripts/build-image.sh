@@ -2,9 +2,9 @@
 # Build sharegpu's image from the repository's Dockerfile.
 #
 #   scripts/build-image.sh --tag TAG [--builder buildah|docker] [--platform LIST] [--push]
-#                          [--output-archive FILE]
+#                          [--output-archive FILE] [--base REF]
 #
-#   --tag             the image reference to build (e.g. ghcr.io/sharegpu/sharegpu:0.1.0)
+#   --tag             the image reference to build (e.g. ghcr.io/sharegpu/sharegpu:0.2.0-dev)
 #   --builder         buildah (default; the tests: rootful, --isolation chroot, --pull=never:
 #                     the Dockerfile's FROM must be in buildah's local storage already) or
 #                     docker (the release: docker buildx, multi-platform, may push)
@@ -13,7 +13,12 @@
 #   --output-archive  also write the image to FILE (buildah: a docker-archive, which
 #                     `ctr images import` and `docker load` read; several platforms: an OCI
 #                     archive of the manifest list; docker: an OCI archive from buildx)
+#   --base            the base image instead of the Dockerfile's pinned digest (the tests'
+#                     stand-in, which has a tag and no digest)
 #
+# The image's OCI labels get the chart's appVersion (org.opencontainers.image.version) and the
+# checkout's commit (org.opencontainers.image.revision, "-dirty" when the image's inputs have
+# uncommitted changes).
 # buildah only: the build's RUN steps get the host's CA bundle (SHAREGPU_BUILD_CA_BUNDLE, else
 # $SSL_CERT_FILE, else /etc/ssl/certs/ca-certificates.crt when present) mounted at
 # /etc/ssl/certs/ca-certificates.crt and a pip.conf naming it, so pip reaches PyPI through a
@@ -24,7 +29,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 usage() {
-    sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 fail() {
@@ -32,7 +37,7 @@ fail() {
     exit 1
 }
 
-TAG="" BUILDER=buildah PLATFORM="" PUSH="" ARCHIVE=""
+TAG="" BUILDER=buildah PLATFORM="" PUSH="" ARCHIVE="" BASE=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --tag) [ $# -ge 2 ] || usage; TAG=$2; shift 2 ;;
@@ -44,6 +49,8 @@ while [ $# -gt 0 ]; do
         --push) PUSH=1; shift ;;
         --output-archive) [ $# -ge 2 ] || usage; ARCHIVE=$2; shift 2 ;;
         --output-archive=*) ARCHIVE=${1#*=}; shift ;;
+        --base) [ $# -ge 2 ] || usage; BASE=$2; shift 2 ;;
+        --base=*) BASE=${1#*=}; shift ;;
         -h|--help) usage ;;
         *) echo "build-image: unknown argument '$1'" >&2; usage ;;
     esac
@@ -56,12 +63,19 @@ if [ -n "$ARCHIVE" ]; then
 fi
 multi=""
 [[ "$PLATFORM" == *,* ]] && multi=1
+version=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/sharegpu/Chart.yaml)
+revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+if [ "$revision" != unknown ] && [ -n "$(git status --porcelain -- Dockerfile pyproject.toml README.md LICENSE constraints.txt src 2>/dev/null)" ]; then
+    revision=$revision-dirty
+fi
+build_args=(--build-arg "VERSION=${version:-unknown}" --build-arg "REVISION=$revision")
+[ -n "$BASE" ] && build_args+=(--build-arg "BASE_IMAGE=$BASE")
 start=$(date +%s)
 
 if [ "$BUILDER" = docker ]; then
     command -v docker >/dev/null || fail "docker is not installed (--builder docker needs docker buildx)"
     docker buildx version >/dev/null 2>&1 || fail "docker buildx is not available"
-    args=(buildx build --file Dockerfile --tag "$TAG")
+    args=(buildx build --file Dockerfile --tag "$TAG" "${build_args[@]}")
     [ -n "$PLATFORM" ] && args+=(--platform "$PLATFORM")
     outputs=()
     [ -n "$PUSH" ] && outputs+=(--output "type=registry")
@@ -77,7 +91,7 @@ command -v buildah >/dev/null || fail "buildah is not installed (apt-get install
 ca=${SHAREGPU_BUILD_CA_BUNDLE:-${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-args=(bud --pull=never --isolation chroot --file Dockerfile)
+args=(bud --pull=never --isolation chroot --file Dockerfile "${build_args[@]}")
 if [ -f "$ca" ]; then
     printf '[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n' >"$work/pip.conf"
     args+=(--volume "$ca:/etc/ssl/certs/ca-certificates.crt:ro" --volume "$work/pip.conf:/etc/pip.conf:ro")

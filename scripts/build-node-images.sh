@@ -7,7 +7,11 @@
 #                  3.11, pip, ca-certificates) with python3/pip at /usr/local/bin as in the
 #                  official image and pip allowed to install system-wide (no EXTERNALLY-MANAGED)
 #   sharegpu.tar   ghcr.io/sharegpu/sharegpu:<chart appVersion>: the project's image, built from
-#                  the repository's Dockerfile by scripts/build-image.sh (buildah)
+#                  the repository's Dockerfile by scripts/build-image.sh (buildah) on the
+#                  stand-in base (--base). The tag the chart asks for: a pre-release such as
+#                  0.2.0-dev between releases; a released version only when HEAD is that
+#                  release's tag v<version> and the image's inputs are committed (the image
+#                  built here is then that release's), else the script fails
 #   pause.tar      sharegpu.local/pause:e2e: the pod sandbox, a static pause binary (pause.c)
 #   hami.tar       docker.io/projecthami/hami:<chart's hami tag>: a STAND-IN of HAMi's image laid
 #                  out as HAMi's (/k8s-vgpu/lib/nvidia/libvgpu.so.<tag>) holding the stand-in
@@ -45,6 +49,16 @@ fail() {
 [ "${1:-}" = "--force" ] && FORCE=1
 [ -n "$APP_VERSION" ] || fail "no appVersion in charts/sharegpu/Chart.yaml"
 [ -n "$HAMI_TAG" ] || fail "no agent.hami.image.tag in charts/sharegpu/values.yaml"
+# the image built here is the working tree's: it carries a released version's tag only at that
+# release's tag
+if [[ "$APP_VERSION" != *-* ]]; then
+    tagged=$(git rev-parse -q --verify "refs/tags/v$APP_VERSION^{commit}" 2>/dev/null) \
+        || fail "appVersion $APP_VERSION is a released version and there is no tag v$APP_VERSION: the image built from this tree is not $SHAREGPU_REF (between releases the chart carries a pre-release, e.g. 0.2.0-dev; docs/release.md)"
+    [ "$(git rev-parse HEAD)" = "$tagged" ] \
+        || fail "appVersion $APP_VERSION is a released version and HEAD is not v$APP_VERSION: the image built from this tree is not $SHAREGPU_REF"
+    [ -z "$(git status --porcelain -- Dockerfile pyproject.toml README.md LICENSE constraints.txt src)" ] \
+        || fail "appVersion $APP_VERSION is a released version and the image's inputs have uncommitted changes: the image built from this tree is not $SHAREGPU_REF"
+fi
 for t in buildah mmdebstrap gcc; do
     command -v "$t" >/dev/null || fail "$t is missing (scripts/install-node-packages.sh)"
 done
@@ -125,9 +139,10 @@ timed make_base
 
 # ---- the project's image, from its Dockerfile ----------------------------------------------
 make_sharegpu() {
-    if stale "$OUT/sharegpu.tar" Dockerfile pyproject.toml README.md src "$OUT/base.tar" \
-        scripts/build-image.sh; then
-        bash scripts/build-image.sh --tag "$SHAREGPU_REF" --output-archive "$OUT/sharegpu.tar.tmp"
+    if stale "$OUT/sharegpu.tar" Dockerfile pyproject.toml README.md LICENSE constraints.txt src \
+        "$OUT/base.tar" scripts/build-image.sh; then
+        bash scripts/build-image.sh --tag "$SHAREGPU_REF" --base "$BASE_REF" \
+            --output-archive "$OUT/sharegpu.tar.tmp"
         mv -f "$OUT/sharegpu.tar.tmp" "$OUT/sharegpu.tar"
     fi
 }

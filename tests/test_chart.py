@@ -27,6 +27,7 @@ KUBE = "1.30.0"  # kubernetes-validate ships schemas for it; matchConditions are
 CRD_KINDS = {"ServiceMonitor", "Certificate", "Issuer"}
 # below Kubernetes 1.30 the chart installs only when told to go without the tenant guard
 UNGUARDED = "tenantGuard.installUnguarded=true"
+APP_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
 
 
 def helm() -> str:
@@ -1096,7 +1097,7 @@ def test_chart_starts_components_with_flags_they_accept(values):
     for d in docs:
         if d["kind"] in ("Deployment", "DaemonSet") and "scheduler" not in d["metadata"]["name"]:
             c = container(d)
-            assert c["image"] == "ghcr.io/sharegpu/sharegpu:0.1.0"
+            assert c["image"] == f"ghcr.io/sharegpu/sharegpu:{APP_VERSION}"
             resolved = [a.replace("$(POD_NAME)", "pod").replace("$(NODE_NAME)", "node")
                         for a in c["args"]]
             parse_component_args(resolved)
@@ -1121,11 +1122,13 @@ def test_dockerfile_builds_one_image_for_every_component():
              "ARG", "EXPOSE"}
     assert {w for w, _ in ins} <= known
     froms = [rest for w, rest in ins if w == "FROM"]
-    assert froms and all(re.match(r"python:3\.1[1-9][\w.-]*(\s+AS\s+\w+)?$", f) for f in froms)
+    assert froms and all(re.match(r"\$\{BASE_IMAGE\}(\s+AS\s+\w+)?$", f) for f in froms)
+    (base,) = [rest.split("=", 1)[1] for w, rest in ins if w == "ARG" and "BASE_IMAGE=" in rest]
+    assert re.match(r"docker\.io/library/python:3\.1[1-9][\w.-]*@sha256:[0-9a-f]{64}$", base)
     runs = " ".join(rest for w, rest in ins if w == "RUN")
-    assert "pip wheel" in runs and "pip install --no-cache-dir /wheels/*.whl" in runs
+    assert "pip wheel" in runs and "--no-index /wheels/*.whl" in runs
     copies = [rest for w, rest in ins if w == "COPY"]
-    assert "pyproject.toml README.md ./" in copies and "src ./src" in copies
+    assert "pyproject.toml README.md LICENSE constraints.txt ./" in copies and "src ./src" in copies
     # the image checks both console scripts exist
     assert "sharegpu --help" in runs and "kubectl-inspect-cgpu --help" in runs
     assert ("ENTRYPOINT", '["sharegpu"]') in ins

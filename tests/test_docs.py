@@ -3,10 +3,12 @@ and the `kubectl inspect cgpu` output it shows is what the tool prints for that 
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import kubernetes_validate
+import pytest
 import yaml
 
 import cgpu_cluster as cc
@@ -115,3 +117,109 @@ def test_resourcepolicy_example_is_accepted_by_the_crd_and_the_extender():
                 (ROOT / "docs" / "extender.md").read_text()):
         text = doc.split("```yaml\n", 1)[1].split("```", 1)[0]
         parse_policy(yaml.safe_load(text))
+
+
+# --- the docs say what the code does ---------------------------------------------------------
+
+
+def section(title: str, text: str = DOC) -> str:
+    return text.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_every_extender_metric_is_in_the_extenders_doc():
+    from sharegpu.extender.metrics import Metrics
+
+    names = {fam.name + ("_total" if fam.type == "counter" else "")
+             for fam in Metrics().registry.collect()}
+    assert len(names) >= 12
+    doc = (ROOT / "docs" / "extender.md").read_text()
+    missing = sorted(n for n in names if f"`{n}" not in doc)
+    assert not missing, missing
+
+
+def test_uninstall_removes_every_mark_the_agent_leaves_on_a_node():
+    from sharegpu.core import names
+
+    text = section("Uninstall")
+    marks = [v for k, v in vars(names).items()
+             if k.startswith(("ANN_NODE_", "LABEL_CARD_"))] + [names.LABEL_SCHEDULE]
+    assert len(marks) >= 8
+    for mark in marks:
+        assert f" {mark}-" in text, mark
+    assert names.CONDITION_ISOLATION in text and '"op": "remove"' in text
+
+
+def test_the_main_values_table_gives_the_charts_defaults():
+    """Each row's default is values.yaml's; the values that open the node to the agent
+    (hostPID, a hostPath) and the opt-in mutating webhook are among the rows."""
+    values = yaml.safe_load((ROOT / "charts" / "sharegpu" / "values.yaml").read_text())
+    rows = re.findall(r"^\| `([\w.]+)` \| `([^`]*)` \|", DOC, flags=re.M)
+    keys = [k for k, _ in rows]
+    assert {"agent.usageMetrics", "agent.podResourcesDir", "webhook.setSchedulerName"} <= set(keys)
+    for key, default in rows:
+        v = values
+        for part in key.split("."):
+            v = v[part]
+        if isinstance(v, bool):
+            shown = "true" if v else "false"
+        elif isinstance(v, list) or v == "":
+            shown = json.dumps(v)
+        else:
+            shown = str(v)
+        assert default == shown, (key, default, v)
+
+
+def test_hamis_image_is_not_called_pinned_while_it_has_no_digest():
+    hami = yaml.safe_load((ROOT / "charts" / "sharegpu" / "values.yaml").read_text())[
+        "agent"]["hami"]["image"]
+    mentions = [p for p in re.split(r"\n\s*\n|\n- ", DOC) if "projecthami/hami`" in p]
+    assert mentions
+    for p in mentions:
+        if not hami["digest"]:
+            assert "pinned in" not in p and "agent.hami.image.digest" in p, p
+
+
+@pytest.mark.parametrize("backend", ["hami", "hami-mps"])
+def test_the_notes_say_what_core_mem_holds(backend):
+    from test_chart import CHART, NS, run_helm
+
+    r = run_helm("install", "sharegpu", str(CHART), "-n", NS, "--dry-run=client",
+                 "--set", f"coreMemIsolation={backend}")
+    assert r.returncode == 0, r.stderr
+    notes = " ".join(r.stdout.split("NOTES:", 1)[1].split())
+    clause = notes.split("core_mem:", 1)[1].split(";", 1)[0]
+    if backend == "hami":  # README: compute "not held" on hami
+        assert "NOT capped" in clause, clause
+    else:
+        assert "capped per process by MPS" in clause, clause
+
+
+def test_the_sizing_figures_are_the_benchmarks():
+    """Every MiB figure of the quickstart's sizing paragraph is in bench/README.md, with the
+    benchmark that made it."""
+    sizing = DOC.split("**Sizing.**", 1)[1].split("\n\n", 1)[0]
+    figures = re.findall(r"(\d[\d,.]*) MiB", sizing)
+    assert figures
+    bench = (ROOT / "bench" / "README.md").read_text()
+    for f in figures:
+        assert re.search(rf"\b{re.escape(f)}(\.\d)? MiB", bench), f
+    for script in re.findall(r"`(bench/\w+\.py)`", sizing):
+        assert (ROOT / script).is_file() and script in bench, script
+
+
+def test_the_support_matrix_names_the_versions_the_tests_pin():
+    matrix = DOC.split("**What it has been run on**", 1)[1].split("\n\n", 2)[1]
+    k8s = re.search(r"^\s*k8s\.io/kubernetes v(\S+)$",
+                    (ROOT / "e2e" / "controlplane" / "go.mod").read_text(), flags=re.M).group(1)
+    node = (ROOT / "e2e" / "node" / "go.mod").read_text()
+    containerd = re.search(r"github\.com/containerd/containerd/v2 v(\S+)", node).group(1)
+    runc = re.search(r"github\.com/opencontainers/runc v(\S+)", node).group(1)
+    assert f"| Kubernetes | {k8s} " in matrix
+    assert f"containerd {containerd} with runc {runc}" in matrix
+    chart_test = (ROOT / "tests" / "test_chart.py").read_text()
+    rendered = re.search(r'parametrize\("kube", \[([^\]]*)\]\)', chart_test).group(1)
+    for v in re.findall(r'"(\d+\.\d+)\.0"', rendered):
+        assert v in matrix.split("renders and validates for", 1)[1].split("|", 1)[0], v
+    bench = (ROOT / "bench" / "README.md").read_text()
+    driver = re.search(r"driver (\d+\.\d+\.\d+), CUDA (\d+\.\d+)", matrix)
+    assert driver and f"driver {driver.group(1)}, CUDA {driver.group(2)}" in bench

@@ -111,8 +111,16 @@ def check_clone(cmd: str, where: Path) -> None:
     assert cmd == "git clone --depth 1 https://github.com/alibaba/clusterdata"
 
 
+CHART = yaml.safe_load((ROOT / "charts" / "sharegpu" / "Chart.yaml").read_text())
+
+
 def check_helm_install(cmd: str, where: Path) -> None:
     args = shlex.split(cmd)
+    if args[3].startswith("oci://"):  # a release's chart, where the release workflow puts it
+        wf = yaml.safe_load((ROOT / ".github" / "workflows" / "release.yml").read_text())
+        assert args[:4] == ["helm", "install", "sharegpu", f"{wf['env']['CHART_REPO']}/sharegpu"]
+        assert args[4:6] == ["--version", "VERSION"]
+        return
     assert args[:4] == ["helm", "install", "sharegpu", "charts/sharegpu"]
     helm = shutil.which("helm", path=str(ROOT / ".tools" / "bin")) or shutil.which("helm")
     assert helm, "helm is missing: bash scripts/install-tools.sh installs it into .tools/bin"
@@ -122,8 +130,23 @@ def check_helm_install(cmd: str, where: Path) -> None:
                        env={"PATH": "/usr/bin:/bin", "HOME": str(where),
                             "KUBECONFIG": "/nonexistent"})
     assert r.returncode == 0, r.stderr
-    chart = yaml.safe_load((ROOT / "charts" / "sharegpu" / "Chart.yaml").read_text())
-    assert f"image: ghcr.io/sharegpu/sharegpu:{chart['appVersion']}" in r.stdout
+    # the image the README's build command makes, at the chart's appVersion
+    assert f"image: REGISTRY/sharegpu:{CHART['appVersion']}" in r.stdout
+    assert f"--tag REGISTRY/sharegpu:{CHART['appVersion']} " in README
+
+
+def check_build_image(cmd: str, where: Path) -> None:
+    """The image of the checkout's chart, by the release's build script (not run here: it
+    pushes); every option it passes is one the script takes."""
+    args = shlex.split(cmd)
+    assert args[:2] == ["bash", "scripts/build-image.sh"]
+    opts = dict(zip(args[2::2], args[3::2], strict=False))
+    assert opts["--tag"] == f"REGISTRY/sharegpu:{CHART['appVersion']}"
+    assert opts["--builder"] == "docker" and args[-1] == "--push"
+    script = (ROOT / "scripts" / "build-image.sh").read_text()
+    for a in args[2:]:
+        if a.startswith("--"):
+            assert f"        {a}) " in script, a
 
 
 def check_label(cmd: str, where: Path) -> None:
@@ -172,6 +195,7 @@ CHECKS: list[tuple[str, Callable[[str, Path], None]]] = [
     (r"\.venv/bin/pip install -e \"\.\[\w+\]\"", check_pip_extra),
     (r"git clone .*", check_clone),
     (r"helm install .*", check_helm_install),
+    (r"bash scripts/build-image\.sh .*", check_build_image),
     (r"kubectl label node .*", check_label),
     (r"kubectl apply .*", check_apply),
     (r"kubectl logs .*", check_logs),

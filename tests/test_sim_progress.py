@@ -66,7 +66,8 @@ def test_a_piped_run_prints_a_line_per_run_and_the_results():
          "--policy", "bestfit", "--policy", "random", "--jobs", "1"],
         capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
-    lines = p.stderr.splitlines()
+    # the run lines; a loaded machine may add a line at a tenth of the pods between them
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("simulate: run ")]
     assert len(lines) == 4
     for i, line in enumerate(lines, 1):
         assert re.match(rf"simulate: run {i}/4 done: generated (bestfit|random) seed 4[23]: ",

@@ -4,4 +4,4 @@ The core (domain, cluster state, placement) is pure: it does no I/O. Adapters at
 (simulator, extender, device plugin, CLI) drive the same core code.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"

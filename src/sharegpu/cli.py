@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
+from . import __version__
 from .commands.argtypes import parse_seeds, positive_float
 from .core.errors import ShareGpuError
 
@@ -57,6 +58,7 @@ def commands() -> dict[str, ModuleType]:
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
     p = Parser(prog="sharegpu", description="GPU sharing for Kubernetes")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
     cmds = commands()
     for name, mod in cmds.items():
@@ -68,9 +70,15 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser, cmds = build_parser()
+    if not (sys.argv[1:] if argv is None else argv):  # nothing asked: what there is to ask
+        parser.print_help()
+        return 0
     args = parser.parse_args(argv)
     try:
-        return int(cmds[args.command].run(args) or 0)
+        code = int(cmds[args.command].run(args) or 0)
+        # buffered output (no PYTHONUNBUFFERED) meets a closed pipe here, not at exit
+        sys.stdout.flush()
+        return code
     except ShareGpuError as e:
         print(f"sharegpu {args.command}: error: {e}", file=sys.stderr)
         return 2

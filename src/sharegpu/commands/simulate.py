@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 from pathlib import Path
 
 from ..core.errors import ValidationError
@@ -51,8 +53,8 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
                    help="worker processes (default: 0, one per CPU, at most one per run)")
     s.add_argument("--json", action="store_true", help="print JSON results to stdout")
     s.add_argument("--plot", type=Path, metavar="PNG",
-                   help="write the allocation-curve plot to this PNG (needs matplotlib: "
-                   "pip install 'sharegpu[plot]')")
+                   help="write the allocation-curve plot to this PNG (needs matplotlib, in "
+                   "sharegpu's environment: python -m pip install matplotlib)")
     s.add_argument("--gpu-choice", choices=["policy", "allocator"], default="policy",
                    help="GPUs inside the chosen node: the policy's own (default), or what "
                    "kube-scheduler's DRA allocator takes (the first that fit, in device order; "
@@ -69,8 +71,10 @@ def check_plot_path(path: Path) -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise ValidationError("--plot", str(path), "needs matplotlib: pip install "
-                              "'sharegpu[plot]' (or pip install matplotlib)") from None
+        # the interpreter running sharegpu names its own environment, however it was installed
+        raise ValidationError("--plot", str(path), "needs matplotlib, which is not installed: "
+                              f"{shlex.quote(sys.executable)} -m pip install matplotlib"
+                              ) from None
     parent = path.expanduser().resolve().parent
     if not parent.is_dir():
         raise ValidationError("--plot", str(path), f"directory {parent} does not exist")

@@ -54,7 +54,8 @@ def table(summaries: Sequence[Summary], console: Console) -> None:
         mean, sd = s.unallocated
         pub = published(s.workload, s.policy)
         t.add_row(
-            s.workload, s.policy, str(len(s.seeds)), f"{mean:.2f} ± {sd:.2f}",
+            s.workload, s.policy, str(len(s.seeds)),
+            f"{mean:.2f} ± {sd:.2f}" if len(s.seeds) > 1 else f"{mean:.2f} ± —",
             f"{pub:.2f}" if pub is not None else "—", f"{s.frag:.2f}", f"{s.pods_per_s:,.0f}",
         )
     console.print(t)
