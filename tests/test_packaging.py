@@ -88,7 +88,7 @@ def test_the_wheel_names_the_version_and_the_dependencies(wheel):
         assert dep in requires, dep
     assert any(r.startswith("matplotlib") and 'extra == "plot"' in r for r in requires)
     assert "sharegpu = sharegpu.cli:main" in entry
-    assert "kubectl-inspect-cgpu = sharegpu.inspect_cgpu.cli:main" in entry
+    assert "kubectl-inspect-cgpu = sharegpu.whatif.plugin:main" in entry
 
 
 @pytest.mark.timeout(300)

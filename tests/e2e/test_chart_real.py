@@ -547,6 +547,8 @@ def start_extender(release: Release, identity: str) -> LocalExtender:
     client = write_tls(cp.workdir / f"chart-client-tls-{identity}",
                        {k: base64.b64decode(v) for k, v in client_secret["data"].items()},
                        keys=("tls.crt", "tls.key"))
+    # no pod to label here (the chart's --own-pod names it through the Downward API)
+    chart_args = [a for a in chart_args if not a.startswith("--own-pod=")]
     args = with_flags(chart_args, listen=f"127.0.0.1:{port}", id=identity,
                       kubeconfig=str(kubeconfig), metrics_listen=f"127.0.0.1:{metrics}",
                       tls_cert=str(tls / "tls.crt"), tls_key=str(tls / "tls.key"),

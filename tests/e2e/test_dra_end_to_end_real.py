@@ -40,9 +40,11 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import os
 import random
 import shutil
 import ssl
+import subprocess
 import sys
 import tempfile
 import time
@@ -130,6 +132,7 @@ def cluster(controlplane: ControlPlane, controlplane_binary: Path,
     tmp = Path(tempfile.mkdtemp(prefix="sg-drae2e-"))  # unix socket paths stay short
     created: list[str] = []
     webhook: SharegpuProcess | None = None
+    kubelets: _Kubelets | None = None
     probe_ns = make_namespace(admin, "drae2e-probe")
     c = Cluster(cp, admin, release_ns, docs, {}, tmp, controlplane_binary)
     try:
@@ -166,6 +169,13 @@ def cluster(controlplane: ControlPlane, controlplane_binary: Path,
                              "its DRA registration socket")
             wait_for(f"the slice of {c.nodes[key]}", lambda k=key: cp.request(
                 "GET", f"{RA}/resourceslices/{c.nodes[k]}-{DRIVER}")[0] == 200, timeout=60)
+        # a running kubelet takes the agents' device plugins and DRA plugins at once; until then
+        # each agent says on its Node that it does not serve (GPUAgentServing=False), and the
+        # extender places nothing there
+        kubelets = _Kubelets([tmp / key for key in c.agents])
+        for key in c.agents:
+            wait_for(f"{c.nodes[key]}'s agent to serve", lambda k=key: agent_serving(
+                cp, c.nodes[k]), timeout=60)
 
         # the chart's pod webhooks (and, DRA, those of claims and templates), served by
         # `sharegpu webhook` with the chart's arguments
@@ -205,6 +215,8 @@ def cluster(controlplane: ControlPlane, controlplane_binary: Path,
             webhook.stop()
         for agent in c.agents.values():
             agent.stop()
+        if kubelets is not None:
+            kubelets.close()
         for path in reversed(created):
             cp.request("DELETE", path)
         cleanup(admin, probe_ns)
@@ -231,6 +243,50 @@ def capacities(cp: ControlPlane, nodes: dict[str, str]) -> dict[tuple[str, str],
 def slice_uuids(cp: ControlPlane, node: str) -> dict[str, str]:
     slc = get(cp, f"{RA}/resourceslices/{node}-{DRIVER}")
     return {dv["name"]: dv["attributes"]["uuid"]["string"] for dv in slc["spec"]["devices"]}
+
+
+# the test kubelets (device plugins, DRA plugin registration) of the nodes, in a process of
+# their own: their gRPC threads must not be in the process that forks the control plane's
+_KUBELETS = """
+import asyncio, sys
+from agent_kubelet import TestKubelet
+from dra_kubelet import TestDraKubelet
+
+async def main() -> None:
+    for d in sys.argv[1:]:
+        await TestKubelet(d + "/dp").start()
+        assert await TestDraKubelet(d + "/registry").discover(), d
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+class _Kubelets:
+    """The test kubelets of the nodes under ``dirs``, as one process."""
+
+    def __init__(self, dirs: list[Path]) -> None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(Path(__file__).resolve().parents[1] / "agent"),
+             os.environ.get("PYTHONPATH", "")])}
+        self.proc = subprocess.Popen([sys.executable, "-c", _KUBELETS, *map(str, dirs)],
+                                     stdout=subprocess.PIPE, env=env, start_new_session=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line.strip() == b"ready", f"the test kubelets did not start ({self.proc.poll()})"
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+def agent_serving(cp: ControlPlane, node: str) -> bool:
+    """Whether ``node`` carries ``GPUAgentServing=True`` (the agent's own word that it serves)."""
+    obj = get(cp, f"/api/v1/nodes/{node}")
+    return any(
+        c.get("type") == names.CONDITION_AGENT_SERVING and c.get("status") == "True"
+        for c in (obj.get("status") or {}).get("conditions") or [])
 
 
 def run_pass(c: Cluster, ns: str, scheduler: str, report: Report,

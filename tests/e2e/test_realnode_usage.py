@@ -102,10 +102,13 @@ def test_the_agent_shows_each_containers_gpu_memory_in_use_beside_its_allocation
         node.set_gpu_processes([*[(gpu[c], pids[c], USED[c]) for c in USED],
                                 (0, os.getpid(), HOST_USED)])
 
+        pod_uid = pod["metadata"]["uid"]
+
         def shown() -> str | None:
             text = scrape(agent)
             got = samples(text, "sharegpu_agent_container_gpu_memory_used_bytes")
-            return text if len([s for s in got if s[0].get("pod") == POD]) == len(USED) else None
+            mine = [s for s in got if s[0].get("pod_uid") == pod_uid]
+            return text if len(mine) == len(USED) else None
 
         text = wait("the agent to show the containers' GPU memory in use", shown, 90, every=2)
         print("\n".join(line for line in text.splitlines()
