@@ -10,7 +10,7 @@ extender with only the nodes of that model). What reads a cluster outside kube-s
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +48,13 @@ ANY = NodeSelector()
 
 def _holds(req: Requirement, labels: Mapping[str, str]) -> bool:
     key, op, values = req
-    have = labels.get(key)
+    return requirement_holds(op, labels.get(key), values)
+
+
+def requirement_holds(op: object, have: str | None, values: Sequence[str]) -> bool:
+    """One node-selector requirement on the node's value ``have`` (``None``: no such label), as
+    kube-scheduler reads it; ``Gt``/``Lt`` compare whole numbers (not numbers: no match). An
+    operator outside :data:`OPERATORS` holds (the API server refuses it first)."""
     if op == "In":
         return have is not None and have in values
     if op == "NotIn":
@@ -57,11 +63,13 @@ def _holds(req: Requirement, labels: Mapping[str, str]) -> bool:
         return have is not None
     if op == "DoesNotExist":
         return have is None
-    try:  # Gt, Lt: whole numbers
-        return have is not None and (int(have) > int(values[0]) if op == "Gt"
-                                     else int(have) < int(values[0]))
-    except (ValueError, IndexError):
-        return False
+    if op in ("Gt", "Lt"):
+        try:
+            mine, bound = int(have or ""), int(values[0])
+        except (ValueError, IndexError):
+            return False
+        return mine > bound if op == "Gt" else mine < bound
+    return True
 
 
 def node_selector(pod: Mapping[str, Any]) -> NodeSelector:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..core import names
+from ..core.nodeselector import requirement_holds
 from . import driver as dra
 from .draclaims import CLAIM_PREFIX, SHAREABLE
 from .drashares import DeviceTaint, DraRequest, SliceGpus
@@ -211,21 +212,7 @@ def _expr_ok(e: Any, node: str, labels: Mapping[str, str], fields: bool = False)
         have: str | None = node
     else:
         have = labels.get(key)
-    if op == "In":
-        return have is not None and have in values
-    if op == "NotIn":
-        return have is None or have not in values
-    if op == "Exists":
-        return have is not None
-    if op == "DoesNotExist":
-        return have is None
-    if op in ("Gt", "Lt"):
-        try:
-            mine, bound = int(have or ""), int(values[0])
-        except (ValueError, IndexError):
-            return False
-        return mine > bound if op == "Gt" else mine < bound
-    return True
+    return requirement_holds(op, have, values)
 
 
 def _term_parts(term: Any) -> list[tuple[str, str, Any, bool]]:
