@@ -22,9 +22,10 @@ import devpath  # noqa: F401  (puts sharegpu_testing on the path)
 from sharegpu.core.modes import Mode
 from sharegpu.core.placement.base import Policy, available
 from sharegpu.core.state import NodeSpec
+from sharegpu.kubeio.gcpause import gc_paused
 from sharegpu.sim import generate
 from sharegpu.sim.workload import stream
-from sharegpu.whatif.cluster import gc_paused, read
+from sharegpu.whatif.cluster import read
 from sharegpu.whatif.policyreplay import holders, orderings, replay_one
 from sharegpu.whatif.today import today
 from sharegpu_testing.dumps import gpu_target, synthesise

@@ -21,11 +21,9 @@ to what a bound pod holds (``give_way``).
 
 from __future__ import annotations
 
-import gc
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from ..core import hostresources, names
@@ -546,20 +544,6 @@ class ClusterCache:
 
     def node_modes(self) -> dict[str, Mode]:
         return {name: s.mode for name, s in self.specs.items()}
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """No cyclic garbage collection while a rebuild runs: it makes several objects per pod that
-    all live on (records, reservations, ledger entries), and the collector would scan the
-    growing heap of pod objects again and again for none (a third of the rebuild's time)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _hold_overfull(state: ClusterState, problem: Callable[[str, str], None], key: str,

@@ -32,8 +32,9 @@ from ..core.placement.learned import LearnedWorkload, default_workload, shape_of
 from ..core.podreader import Placed, PlacementReader, pod_key
 from ..core.request import Kind, PodRequest
 from ..core.state import Reservation
+from ..kubeio.gcpause import gc_paused
 from .answers import ROW_LOCAL_POLICIES, SchedulingAnswers, request_key
-from .cache import UNKNOWN_NODE, ClusterCache, gc_paused
+from .cache import UNKNOWN_NODE, ClusterCache
 from .drastate import DraState
 from .early_prioritize import EarlyPrioritize
 from .gangs import GangScheduling

@@ -15,8 +15,9 @@ from ..core.errors import ShareGpuError, ValidationError
 from ..core.nodeselector import NodeSelector
 from ..core.placement.base import get_policy
 from ..inspect_cgpu.source import Objects, SourceError, load_file, load_live
+from ..kubeio.gcpause import gc_paused
 from .analysis import Options, analyse
-from .cluster import gc_paused, read
+from .cluster import read
 from .headroom import RULE_SHAPE, parse_shape, shape_from_pod
 
 HOW = "write the dump with: kubectl get nodes,pods -A -o json > FILE (or | gzip > FILE.gz)"

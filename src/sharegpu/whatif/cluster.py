@@ -11,9 +11,7 @@ without a decision charged on every GPU of their node, other pods' CPU and memor
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,20 +143,6 @@ def _extender_policy(obj: Mapping[str, Any]) -> str | None:
                 return a.split("=", 1)[1]
         return "default"
     return None
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """No cyclic garbage collection while a cluster is read and analysed: it makes several
-    objects per pod that all live on, and the collector would scan the growing heap again and
-    again for none (as the extender's rebuild does)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def read(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]) -> Cluster:
